@@ -1,0 +1,321 @@
+"""Ensemble of reward predictors trained on preferences (layer 2: learner).
+
+Christiano et al. 2017, §2.2.3, with the options of Ibarz et al. 2018, A.3:
+
+* K members (3 by default), one parameter pytree with a leading member axis; each member is
+  trained on its own bootstrap resample of the label set (see ``labels.py``) with a fraction
+  1/e of the labels held out as its validation set.
+* Adaptive L2 on the weights (``adaptive_l2``): the coefficient grows by ``l2_rate`` per step
+  while the (running-average) validation loss exceeds ``l2_high`` × the training loss, shrinks
+  while it is below ``l2_low`` ×, and stays put in between (1.1–1.5, Ibarz: initial 1e-4,
+  rate 0.001 per learning step).
+* Optional Gaussian input noise and an L2 penalty on the predicted rewards (Ibarz A.3).
+* r̂ = mean over members of each member's reward normalized to zero mean and unit std (over the
+  label buffer's clips), scaled to ``reward_std`` (1 on MuJoCo-like tasks, 0.05 on Atari).
+
+One jitted step trains the whole ensemble.  The member axis is either ``vmap``ped or walked
+with ``lax.map`` (one member after another inside the same compiled step); which is faster
+depends on model and backend (see ``BUILD_NOTES.md``) and ``member_axis="auto"`` picks per
+backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from rlhp_jax import labels as labels_lib
+from rlhp_jax.preferences import bradley_terry_loss, preference_accuracy, preference_probability, segment_returns
+from rlhp_jax.reward_models import RewardModelSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsembleConfig:
+    num_members: int = 3  # Christiano A: "an ensemble of 3 predictors"
+    batch_size: int = 16  # clip pairs per member per step (Ibarz A.3: batches of 16 pairs)
+    learning_rate: float = 3e-4  # Ibarz A.3: Adam 3e-4, betas (0.9, 0.999), eps 1e-8
+    error_rate: float = 0.1  # §2.2.3: 10 % chance the person answers at random
+    adaptive_l2: bool = True  # §2.2.3; False = the "no regularization" ablation keeps l2 at 0
+    l2_init: float = 1e-4  # Ibarz A.3: initial weight
+    l2_rate: float = 0.001  # Ibarz A.3: multiplicative rate of change per learning step
+    l2_low: float = 1.1  # §2.2.3: keep val loss between 1.1x ...
+    l2_high: float = 1.5  # ... and 1.5x the training loss
+    loss_average: float = 0.99  # decay of the running averages of the two losses
+    input_noise: float = 0.0  # Ibarz A.3: Gaussian noise of amplitude 0.1 on [0, 1] frames
+    reward_l2: float = 0.0  # Ibarz A.3: loss ∝ squared predicted reward (zero-mean prior)
+    reward_std: float = 1.0  # A.1: 1 (MuJoCo); A.2: 0.05 (Atari)
+    member_axis: str = "auto"  # "vmap", "map" (sequential) or "auto" (per backend)
+    chunk_size: int = 4096  # rows per forward pass when scoring the whole label buffer
+
+    def __post_init__(self):
+        if self.num_members < 1:
+            raise ValueError(f"num_members must be >= 1, got {self.num_members}")
+        if self.member_axis not in ("auto", "vmap", "map"):
+            raise ValueError(f"member_axis must be 'auto', 'vmap' or 'map', got {self.member_axis!r}")
+        if not 0.0 <= self.error_rate < 1.0:
+            raise ValueError(f"error_rate must be in [0, 1), got {self.error_rate}")
+
+
+class EnsembleState(struct.PyTreeNode):
+    params: Any  # [M, ...]
+    batch_stats: Any  # [M, ...] ({} for models without batch norm)
+    opt_state: Any  # [M, ...]
+    l2: jax.Array  # [M] current L2 coefficient per member
+    train_loss_avg: jax.Array  # [M] running average of the training BT loss
+    val_loss_avg: jax.Array  # [M] running average of the validation BT loss
+    norm_mean: jax.Array  # [M] per-member normalization
+    norm_std: jax.Array  # [M]
+    steps: jax.Array  # int32 training steps taken
+
+
+def adaptive_l2(l2, train_loss, val_loss, rate=0.001, low=1.1, high=1.5):
+    """One step of the adaptive L2 rule (Christiano §2.2.3, Ibarz A.3).
+
+    Multiplies the coefficient by (1 + rate) when val_loss > high·train_loss, divides by it when
+    val_loss < low·train_loss, and leaves it unchanged in between.  Elementwise.
+    """
+    up = val_loss > high * train_loss
+    down = val_loss < low * train_loss
+    factor = jnp.where(up, 1.0 + rate, jnp.where(down, 1.0 / (1.0 + rate), 1.0))
+    return l2 * factor
+
+
+def resolve_member_axis(mode: str, backend: str | None = None) -> str:
+    """'auto' -> 'map' on CPU (vmapped convolutions measured slower there), 'vmap' elsewhere."""
+    if mode != "auto":
+        return mode
+    backend = backend or jax.default_backend()
+    return "map" if backend == "cpu" else "vmap"
+
+
+def over_members(fn, mode: str):
+    """Apply ``fn`` to every member: ``jax.vmap`` or a sequential ``lax.map`` inside one program."""
+    if mode == "vmap":
+        return jax.vmap(fn)
+    if mode == "map":
+        return lambda *args: jax.lax.map(lambda a: fn(*a), args)
+    raise ValueError(f"unknown member axis mode {mode!r}")
+
+
+def _weight_l2(params) -> jax.Array:
+    """Sum of squared weights of every kernel (matrices and conv filters; biases excluded)."""
+    leaves = [p for p in jax.tree.leaves(params) if p.ndim > 1]
+    return sum(jnp.sum(jnp.square(p)) for p in leaves) if leaves else jnp.zeros(())
+
+
+def _to_unit_range(obs):
+    return obs.astype(jnp.float32) / 255.0 if jnp.issubdtype(obs.dtype, jnp.integer) else obs
+
+
+class RewardEnsemble:
+    """The learner: model + config -> pure functions over ``EnsembleState``."""
+
+    def __init__(self, model_spec: RewardModelSpec, config: EnsembleConfig = EnsembleConfig()):
+        self.spec = model_spec
+        self.config = config
+        self.model: nn.Module = model_spec.build()
+        self.mode = resolve_member_axis(config.member_axis)
+        self.optimizer = optax.adam(config.learning_rate, b1=0.9, b2=0.999, eps=1e-8)
+
+    # ------------------------------------------------------------------ construction
+    def init(self, key: jax.Array) -> EnsembleState:
+        obs, act = self.spec.dummy_inputs()
+        m = self.config.num_members
+
+        def init_one(k):
+            variables = self.model.init({"params": k, "dropout": k}, obs, act, train=False)
+            params = variables["params"]
+            return params, dict(variables.get("batch_stats", {})), self.optimizer.init(params)
+
+        params, stats, opt = jax.vmap(init_one)(jax.random.split(key, m))
+        init_l2 = self.config.l2_init if self.config.adaptive_l2 else 0.0
+        return EnsembleState(
+            params=params,
+            batch_stats=stats,
+            opt_state=opt,
+            l2=jnp.full((m,), init_l2, jnp.float32),
+            train_loss_avg=jnp.zeros((m,), jnp.float32),
+            val_loss_avg=jnp.zeros((m,), jnp.float32),
+            norm_mean=jnp.zeros((m,), jnp.float32),
+            norm_std=jnp.ones((m,), jnp.float32),
+            steps=jnp.zeros((), jnp.int32),
+        )
+
+    def empty_buffer(self, capacity: int, segment_length: int) -> labels_lib.LabelBuffer:
+        obs_dtype = jnp.uint8 if self.spec.kind == "cnn" else jnp.float32
+        return labels_lib.empty_label_buffer(
+            capacity, self.config.num_members, segment_length, self.spec.obs_shape,
+            self.spec.action_shape, obs_dtype, jnp.dtype(self.spec.action_dtype))
+
+    # ------------------------------------------------------------------ forward passes
+    def _apply(self, params, stats, obs, action, train=False, key=None):
+        """Rewards for flat rows; returns (rewards, new_batch_stats)."""
+        variables = {"params": params, **({"batch_stats": stats} if stats else {})}
+        if train:
+            out, updates = self.model.apply(variables, obs, action, train=True,
+                                            rngs={"dropout": key}, mutable=["batch_stats"])
+            return out, dict(updates.get("batch_stats", stats))
+        return self.model.apply(variables, obs, action, train=False), stats
+
+    def _pair_rewards(self, params, stats, obs, action, train=False, key=None):
+        """[P, 2, T, ...] inputs -> ([P, 2, T] rewards, new stats)."""
+        p, _, t = obs.shape[:3]
+        flat_obs = obs.reshape(p * 2 * t, *obs.shape[3:])
+        flat_act = action.reshape(p * 2 * t, *action.shape[3:])
+        r, stats = self._apply(params, stats, flat_obs, flat_act, train, key)
+        return r.reshape(p, 2, t), stats
+
+    def member_rewards(self, state: EnsembleState, obs, action) -> jax.Array:
+        """Raw (unnormalized) rewards of every member for flat rows: [M, N]."""
+        fn = lambda params, stats: self._apply(params, stats, obs, action)[0]
+        return over_members(fn, self.mode)(state.params, state.batch_stats)
+
+    def predict_reward(self, state: EnsembleState, obs, action) -> jax.Array:
+        """r̂ for flat rows [N, ...] -> [N]: members normalized independently, then averaged."""
+        raw = self.member_rewards(state, obs, action)
+        normed = (raw - state.norm_mean[:, None]) / state.norm_std[:, None]
+        return self.config.reward_std * jnp.mean(normed, axis=0)
+
+    def predict_preferences(self, state: EnsembleState, pairs: labels_lib.SegmentPairs) -> jax.Array:
+        """[M, P] each member's P[σ¹ ≻ σ²] (on its normalized scale) for query selection."""
+
+        def one(params, stats, mean, std):
+            r, _ = self._pair_rewards(params, stats, pairs.obs, pairs.action)
+            ret = segment_returns((r - mean) / std * self.config.reward_std)
+            return preference_probability(ret[:, 0], ret[:, 1], self.config.error_rate)
+
+        return over_members(one, self.mode)(state.params, state.batch_stats, state.norm_mean, state.norm_std)
+
+    # ------------------------------------------------------------------ training
+    def _member_step(self, params, stats, opt_state, l2, train_avg, val_avg, w_train, w_val, key,
+                     buffer: labels_lib.LabelBuffer, steps):
+        cfg = self.config
+        k_tr, k_val, k_drop, k_noise = jax.random.split(key, 4)
+        has_train = jnp.sum(w_train) > 0
+        has_val = jnp.sum(w_val) > 0
+        logits_tr = jnp.where(w_train > 0, jnp.log(jnp.maximum(w_train, 1e-30)), -jnp.inf)
+        logits_tr = jnp.where(has_train, logits_tr, 0.0)
+        logits_val = jnp.where(w_val > 0, 0.0, -jnp.inf)
+        logits_val = jnp.where(has_val, logits_val, 0.0)
+        idx_tr = jax.random.categorical(k_tr, logits_tr, shape=(cfg.batch_size,))
+        idx_val = jax.random.categorical(k_val, logits_val, shape=(cfg.batch_size,))
+        obs, act, mu = buffer.obs[idx_tr], buffer.action[idx_tr], buffer.mu[idx_tr]
+
+        def loss_fn(p):
+            x = obs
+            if cfg.input_noise > 0:
+                x = _to_unit_range(x) + cfg.input_noise * jax.random.normal(k_noise, x.shape)
+            r, new_stats = self._pair_rewards(p, stats, x, act, train=True, key=k_drop)
+            bt = bradley_terry_loss(r[:, 0], r[:, 1], mu, cfg.error_rate)
+            reg = l2 * _weight_l2(p) + cfg.reward_l2 * jnp.mean(jnp.square(r))
+            return bt + reg, (bt, new_stats)
+
+        (_, (bt_train_mode, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, new_opt = self.optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+
+        # Both losses for the adaptive rule are measured the same way (inference mode, no noise),
+        # so dropout does not make the training loss look worse than it is.
+        both_obs = jnp.concatenate([obs, buffer.obs[idx_val]])
+        both_act = jnp.concatenate([act, buffer.action[idx_val]])
+        r_eval, _ = self._pair_rewards(params, stats, both_obs, both_act)
+        b = cfg.batch_size
+        train_loss = bradley_terry_loss(r_eval[:b, 0], r_eval[:b, 1], mu, cfg.error_rate)
+        val_loss = bradley_terry_loss(r_eval[b:, 0], r_eval[b:, 1], buffer.mu[idx_val], cfg.error_rate)
+
+        decay = cfg.loss_average
+        first = steps == 0
+        train_avg_new = jnp.where(first, train_loss, decay * train_avg + (1 - decay) * train_loss)
+        val_avg_new = jnp.where(first, val_loss, decay * val_avg + (1 - decay) * val_loss)
+        val_avg_new = jnp.where(has_val, val_avg_new, val_avg)
+        l2_new = l2
+        if cfg.adaptive_l2:
+            l2_new = jnp.where(has_val, adaptive_l2(l2, train_avg_new, val_avg_new, cfg.l2_rate,
+                                                    cfg.l2_low, cfg.l2_high), l2)
+
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(has_train, a, b), new, old)
+        out = (keep(new_params, params), keep(new_stats, stats), keep(new_opt, opt_state),
+               keep(l2_new, l2), keep(train_avg_new, train_avg), val_avg_new)
+        metrics = dict(train_loss=train_loss, val_loss=jnp.where(has_val, val_loss, jnp.nan),
+                       train_loss_train_mode=bt_train_mode)
+        return out, metrics
+
+    def train_step(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, key: jax.Array):
+        """One Adam step for every member on its own minibatch: (state, metrics[M])."""
+        m = self.config.num_members
+        w_train = labels_lib.train_weights(buffer)
+        w_val = labels_lib.heldout_weights(buffer)
+        step = functools.partial(self._member_step, buffer=buffer, steps=state.steps)
+        (params, stats, opt, l2, tr, va), metrics = over_members(step, self.mode)(
+            state.params, state.batch_stats, state.opt_state, state.l2, state.train_loss_avg,
+            state.val_loss_avg, w_train, w_val, jax.random.split(key, m))
+        new_state = state.replace(params=params, batch_stats=stats, opt_state=opt, l2=l2,
+                                  train_loss_avg=tr, val_loss_avg=va, steps=state.steps + 1)
+        return new_state, metrics
+
+    def fit(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, key: jax.Array, num_steps: int):
+        """``num_steps`` training steps in one compiled scan; metrics averaged over the steps.
+
+        Normalization statistics are refreshed at the end (over the label buffer's clips).
+        """
+
+        def body(s, k):
+            return self.train_step(s, buffer, k)
+
+        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_steps))
+        state = self.update_normalization(state, buffer)
+        return state, jax.tree.map(lambda x: jnp.nanmean(x, axis=0), metrics)
+
+    # ------------------------------------------------------------------ whole-buffer passes
+    def buffer_member_rewards(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> jax.Array:
+        """Raw rewards of every member on every clip step in the buffer: [M, C, 2, T]."""
+        c, _, t = buffer.obs.shape[:3]
+        n = c * 2 * t
+        obs = buffer.obs.reshape(n, *buffer.obs.shape[3:])
+        act = buffer.action.reshape(n, *buffer.action.shape[3:])
+        chunk = min(self.config.chunk_size, n)
+        pad = (-n) % chunk
+        obs = jnp.concatenate([obs, jnp.zeros((pad, *obs.shape[1:]), obs.dtype)])
+        act = jnp.concatenate([act, jnp.zeros((pad, *act.shape[1:]), act.dtype)])
+        obs = obs.reshape(-1, chunk, *obs.shape[1:])
+        act = act.reshape(-1, chunk, *act.shape[1:])
+
+        def member(params, stats):
+            rows = jax.lax.map(lambda oa: self._apply(params, stats, oa[0], oa[1])[0], (obs, act))
+            return rows.reshape(-1)[:n].reshape(c, 2, t)
+
+        return over_members(member, self.mode)(state.params, state.batch_stats)
+
+    def update_normalization(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> EnsembleState:
+        """Per-member mean and std of raw rewards over every step of every clip in the buffer."""
+        r = self.buffer_member_rewards(state, buffer)  # [M, C, 2, T]
+        w = jnp.broadcast_to(buffer.filled[None, :, None, None], r.shape).astype(jnp.float32)
+        total = jnp.maximum(jnp.sum(w, axis=(1, 2, 3)), 1.0)
+        mean = jnp.sum(w * r, axis=(1, 2, 3)) / total
+        var = jnp.sum(w * jnp.square(r - mean[:, None, None, None]), axis=(1, 2, 3)) / total
+        std = jnp.sqrt(var) + 1e-6
+        empty = jnp.sum(buffer.filled) == 0
+        return state.replace(norm_mean=jnp.where(empty, 0.0, mean), norm_std=jnp.where(empty, 1.0, std))
+
+    def evaluate(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> dict[str, jax.Array]:
+        """Per-member accuracy and BT loss on its held-out labels and on its training labels."""
+        r = self.buffer_member_rewards(state, buffer)
+        ret = segment_returns(r)  # [M, C, 2]
+        w_val = labels_lib.heldout_weights(buffer)
+        w_tr = (labels_lib.train_weights(buffer) > 0).astype(jnp.float32)
+
+        def per_member(ret_m, wv, wt):
+            acc_v = preference_accuracy(ret_m[:, 0], ret_m[:, 1], buffer.mu, wv)
+            acc_t = preference_accuracy(ret_m[:, 0], ret_m[:, 1], buffer.mu, wt)
+            lv = bradley_terry_loss(ret_m[:, :1], ret_m[:, 1:], buffer.mu, self.config.error_rate, wv)
+            lt = bradley_terry_loss(ret_m[:, :1], ret_m[:, 1:], buffer.mu, self.config.error_rate, wt)
+            return dict(val_accuracy=acc_v, train_accuracy=acc_t, val_loss=lv, train_loss=lt)
+
+        return jax.vmap(per_member)(ret, w_val, w_tr)

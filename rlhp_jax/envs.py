@@ -1,0 +1,186 @@
+"""Environment protocol (layer 3) and its pure-JAX gymnax backend.
+
+Every driver and agent talks to a batch of environments through the same small protocol::
+
+    env = make_env("CartPole-v1", num_envs=8)
+    state, obs = env.reset(key)                      # obs: [num_envs, *obs_shape]
+    state, out = env.step(key, state, action)        # out: StepOut, every field [num_envs, ...]
+
+The modifications of Christiano et al. 2017, appendix A, live here and only here:
+
+* The agent never sees termination.  When the underlying task terminates (the pole falls,
+  the robot leaves its healthy range) the emulator is reset silently, the episode clock keeps
+  running, and ``terminal_penalty`` is added to the *true* reward, which only the synthetic
+  oracle and the metrics read.  Every episode therefore has the same length, ``horizon``.
+* The only boundary the agent sees is ``StepOut.boundary``, the fixed-horizon reset, which
+  carries no information about the task.
+* ``StepOut.true_reward`` and ``StepOut.terminated`` sit beside, never inside, what the agent
+  learns from; agents read ``obs``, ``action`` and ``boundary`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Static description of a task, as the agent, the reward model and the teacher need it."""
+
+    name: str
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    num_actions: int  # number of discrete actions, or the action dimension when continuous
+    action_low: tuple[float, ...] | None  # continuous bounds, None when discrete
+    action_high: tuple[float, ...] | None
+    horizon: int  # fixed episode length the agent experiences
+    terminal_penalty: float  # added to the true reward when the underlying task terminates
+    segment_length: int  # default clip length for queries (about 1.5 s of simulated time)
+    reward_std: float  # default std of the normalized predicted reward (Christiano A.1: 1)
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return () if self.discrete else (self.num_actions,)
+
+    @property
+    def action_dtype(self):
+        return jnp.int32 if self.discrete else jnp.float32
+
+
+class StepOut(NamedTuple):
+    """What one batched step returns. Leading axis: environments."""
+
+    obs: jax.Array  # observation after the step (after a silent or boundary reset)
+    true_reward: jax.Array  # task reward incl. terminal penalty: oracle and metrics only
+    terminated: jax.Array  # the underlying task terminated on this step: oracle/metrics only
+    boundary: jax.Array  # fixed-horizon episode boundary: the only end the agent sees
+    raw_reward: jax.Array  # the unmodified task reward (no penalty), for evaluation
+
+
+class VecEnv(Protocol):
+    spec: EnvSpec
+    num_envs: int
+
+    def reset(self, key: jax.Array) -> tuple[Any, jax.Array]: ...
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, StepOut]: ...
+
+
+@struct.dataclass
+class GymnaxState:
+    inner: Any  # batched gymnax env state
+    t: jax.Array  # [num_envs] int32 step within the fixed-length episode
+
+
+# Per-task settings of the paper-style modification. horizon = the task's usual time limit;
+# segment_length ~ 1.5 s of simulated time where that is short enough to judge, as in A.1.
+_GYMNAX_TASKS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(horizon=500, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
+    "Pendulum-v1": dict(horizon=200, terminal_penalty=0.0, segment_length=30, reward_std=1.0),
+    "Acrobot-v1": dict(horizon=500, terminal_penalty=0.0, segment_length=25, reward_std=1.0),
+    "MountainCarContinuous-v0": dict(horizon=999, terminal_penalty=0.0, segment_length=30, reward_std=1.0),
+}
+
+
+def supported_envs() -> list[str]:
+    return sorted(_GYMNAX_TASKS)
+
+
+class GymnaxVecEnv:
+    """A batch of gymnax environments with the paper's fixed-horizon, penalty-not-termination rule."""
+
+    def __init__(self, name: str, num_envs: int, **overrides: Any):
+        import gymnax  # local: keep import cost off modules that do not step envs
+
+        if name not in _GYMNAX_TASKS:
+            raise ValueError(
+                f"Unknown environment {name!r}. Supported environments: {', '.join(supported_envs())}."
+            )
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        settings = {**_GYMNAX_TASKS[name], **overrides}
+        self._env, params = gymnax.make(name)
+        # The wrapper owns the clock: the inner task must never time out by itself.
+        if hasattr(params, "max_steps_in_episode"):
+            params = params.replace(max_steps_in_episode=10**9)
+        self._params = params
+        self.num_envs = int(num_envs)
+        obs_space = self._env.observation_space(params)
+        act_space = self._env.action_space(params)
+        discrete = hasattr(act_space, "n")
+        if discrete:
+            num_actions, low, high = int(act_space.n), None, None
+        else:
+            shape = tuple(act_space.shape) or (1,)
+            num_actions = int(shape[0])
+            low = tuple(float(x) for x in jnp.broadcast_to(act_space.low, shape))
+            high = tuple(float(x) for x in jnp.broadcast_to(act_space.high, shape))
+        self._scalar_action = not discrete and tuple(act_space.shape) == ()
+        self.spec = EnvSpec(
+            name=name,
+            obs_shape=tuple(obs_space.shape),
+            discrete=discrete,
+            num_actions=num_actions,
+            action_low=low,
+            action_high=high,
+            horizon=int(settings["horizon"]),
+            terminal_penalty=float(settings["terminal_penalty"]),
+            segment_length=int(settings["segment_length"]),
+            reward_std=float(settings["reward_std"]),
+        )
+
+    # -- single-environment pieces (vmapped below) --------------------------------------
+    def _reset_one(self, key):
+        obs, inner = self._env.reset_env(key, self._params)
+        return obs.astype(jnp.float32), inner
+
+    def _step_one(self, key, inner, t, action):
+        k_step, k_reset = jax.random.split(key)
+        act = action
+        if self._scalar_action:
+            act = action[..., 0]
+        elif not self.spec.discrete:
+            act = action
+        obs, inner_next, reward, done, _ = self._env.step_env(k_step, inner, act, self._params)
+        terminated = jnp.asarray(done, bool)
+        t_next = t + 1
+        boundary = t_next >= self.spec.horizon
+        reset_obs, reset_inner = self._reset_one(k_reset)
+        do_reset = terminated | boundary
+        inner_next = jax.tree.map(lambda a, b: jnp.where(do_reset, a, b), reset_inner, inner_next)
+        obs = jnp.where(do_reset, reset_obs, obs.astype(jnp.float32))
+        raw = jnp.asarray(reward, jnp.float32)
+        true_reward = raw + jnp.where(terminated, self.spec.terminal_penalty, 0.0)
+        t_next = jnp.where(boundary, 0, t_next)
+        return inner_next, t_next, StepOut(obs, true_reward, terminated, boundary, raw)
+
+    # -- the protocol -------------------------------------------------------------------
+    def reset(self, key: jax.Array) -> tuple[GymnaxState, jax.Array]:
+        keys = jax.random.split(key, self.num_envs)
+        obs, inner = jax.vmap(self._reset_one)(keys)
+        return GymnaxState(inner=inner, t=jnp.zeros(self.num_envs, jnp.int32)), obs
+
+    def step(self, key: jax.Array, state: GymnaxState, action: jax.Array) -> tuple[GymnaxState, StepOut]:
+        keys = jax.random.split(key, self.num_envs)
+        inner, t, out = jax.vmap(self._step_one)(keys, state.inner, state.t, action)
+        return GymnaxState(inner=inner, t=t), out
+
+    # -- evaluation on the unmodified task ----------------------------------------------
+    def episodic_eval_step(self, key, inner, action):
+        """One step of the *unmodified* task (for evaluation): returns (inner, obs, reward, done)."""
+        act = action[..., 0] if self._scalar_action else action
+        obs, inner_next, reward, done, _ = self._env.step_env(key, inner, act, self._params)
+        return inner_next, obs.astype(jnp.float32), jnp.asarray(reward, jnp.float32), jnp.asarray(done, bool)
+
+    def episodic_reset(self, key):
+        return self._reset_one(key)
+
+
+def make_env(name: str, num_envs: int, **overrides: Any) -> VecEnv:
+    """Build a batched environment by name. Raises ValueError listing supported names."""
+    return GymnaxVecEnv(name, num_envs, **overrides)

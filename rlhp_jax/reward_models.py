@@ -1,0 +1,111 @@
+"""Reward predictors r̂(o, a) (layer 2).
+
+* ``RewardMLP`` — Christiano et al. 2017, appendix A.1: two hidden layers of 64 units with
+  leaky ReLU (α = 0.01); input the observation and the action (one-hot when discrete).
+* ``RewardCNN`` — appendix A.2 (and Ibarz et al. 2018, A.3): 84×84×4 stacked frames through four
+  convolutions 7×7/5×5/3×3/3×3 with strides 3/2/1/1 and 16 filters each, leaky ReLU, batch norm
+  and (per-channel) dropout on every convolution, a dense layer of 64 and a scalar output.  The
+  action is not an input (Ibarz A.3: it did not help).
+
+Both have the same call signature ``module.apply(variables, obs, action, train=..., rngs=...)``
+and return one reward per input row, so the ensemble learner treats them alike; batch-norm
+statistics (CNN only) live in the ``batch_stats`` collection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class RewardMLP(nn.Module):
+    """Appendix A.1 predictor: MLP 2×64, leaky ReLU 0.01, inputs (obs, action)."""
+
+    num_actions: int
+    discrete: bool
+    hidden: Sequence[int] = (64, 64)
+    negative_slope: float = 0.01
+    use_action: bool = True
+
+    @nn.compact
+    def __call__(self, obs, action, train: bool = False):
+        x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+        if self.use_action:
+            if self.discrete:
+                a = jax.nn.one_hot(action.reshape(action.shape[0]), self.num_actions)
+            else:
+                a = action.reshape(action.shape[0], -1).astype(jnp.float32)
+            x = jnp.concatenate([x, a], axis=-1)
+        for width in self.hidden:
+            x = nn.leaky_relu(nn.Dense(width)(x), self.negative_slope)
+        return nn.Dense(1)(x)[:, 0]
+
+
+class RewardCNN(nn.Module):
+    """Appendix A.2 predictor for 84×84×4 uint8 frames (the action is ignored)."""
+
+    filters: int = 16
+    kernels: Sequence[int] = (7, 5, 3, 3)
+    strides: Sequence[int] = (3, 2, 1, 1)
+    dense: int = 64
+    dropout_rate: float = 0.5  # A.2: "dropout with α = 0.5"; Ibarz A.3 uses per-channel 0.2 drop
+    batch_norm_momentum: float = 0.99  # Ibarz A.3: batch-norm decay 0.99
+    negative_slope: float = 0.01
+
+    @nn.compact
+    def __call__(self, obs, action=None, train: bool = False):
+        x = obs.astype(jnp.float32)
+        if jnp.issubdtype(obs.dtype, jnp.integer):
+            x = x / 255.0
+        for k, s in zip(self.kernels, self.strides):
+            x = nn.Conv(self.filters, (k, k), strides=(s, s), padding="VALID")(x)
+            x = nn.BatchNorm(use_running_average=not train, momentum=self.batch_norm_momentum)(x)
+            # per-channel dropout: one mask per feature map, shared over the spatial axes
+            x = nn.Dropout(self.dropout_rate, broadcast_dims=(1, 2), deterministic=not train)(x)
+            x = nn.leaky_relu(x, self.negative_slope)
+        x = x.reshape(x.shape[0], -1)
+        x = nn.leaky_relu(nn.Dense(self.dense)(x), self.negative_slope)
+        return nn.Dense(1)(x)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelSpec:
+    """Which predictor to build, and the shapes it sees."""
+
+    kind: str  # "mlp" or "cnn"
+    obs_shape: tuple[int, ...]
+    action_shape: tuple[int, ...]
+    action_dtype: str  # "int32" or "float32"
+    num_actions: int
+    discrete: bool
+
+    def build(self) -> nn.Module:
+        if self.kind == "mlp":
+            return RewardMLP(num_actions=self.num_actions, discrete=self.discrete)
+        if self.kind == "cnn":
+            return RewardCNN()
+        raise ValueError(f"Unknown reward model kind {self.kind!r}; use 'mlp' or 'cnn'.")
+
+    def dummy_inputs(self, batch: int = 2):
+        obs_dtype = jnp.uint8 if self.kind == "cnn" else jnp.float32
+        obs = jnp.zeros((batch, *self.obs_shape), obs_dtype)
+        act = jnp.zeros((batch, *self.action_shape), jnp.dtype(self.action_dtype))
+        return obs, act
+
+
+def reward_model_spec_for(env_spec, kind: str | None = None) -> RewardModelSpec:
+    """The paper's predictor for an environment: CNN for image observations, MLP otherwise."""
+    if kind is None:
+        kind = "cnn" if len(env_spec.obs_shape) == 3 else "mlp"
+    return RewardModelSpec(
+        kind=kind,
+        obs_shape=tuple(env_spec.obs_shape),
+        action_shape=tuple(env_spec.action_shape),
+        action_dtype="int32" if env_spec.discrete else "float32",
+        num_actions=env_spec.num_actions,
+        discrete=env_spec.discrete,
+    )

@@ -1,0 +1,81 @@
+"""Synthetic teachers (layer 5): turn a batch of clip pairs into labels.
+
+The oracle of Christiano §3 prefers the clip with the larger true return and calls it a tie when
+the returns are equal.  The variants below are the "irrational" teachers researchers compare
+against (in the style of B-Pref, Lee et al. 2021).  Every threshold is in the units of the
+teacher's *perceived return* R — the (optionally discounted) sum of the true per-step rewards
+of a clip, including any termination penalty — and is compared with R directly at every call,
+so it means the same thing at the first iteration and the last one (nothing is rescaled by the
+returns seen so far).
+
+Order of decisions for one pair, with R¹, R² the perceived returns:
+
+1. skip:  if max(R¹, R²) < ``skip_below`` the teacher does not answer (no label);
+2. tie:   if |R¹ − R²| ≤ ``tie_within`` the label is 0.5 (equal returns always tie);
+3. choice: σ¹ with probability sigmoid(β·(R¹ − R²)) when ``beta`` is finite (Boltzmann-rational),
+          otherwise σ¹ exactly when R¹ > R²;
+4. mistake: a strict label is flipped with probability ``mistake_rate``.
+
+Perceived return: R = Σₜ γ^(L−1−t) rₜ with ``gamma`` the myopic discount (1 = no discount; the
+myopic teacher weighs the end of a clip most, as a person remembers it best).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticTeacher:
+    mistake_rate: float = 0.0  # probability a strict label is flipped
+    beta: float = math.inf  # Boltzmann rationality; inf = always picks the larger return
+    gamma: float = 1.0  # myopic discount over the clip; 1 = plain sum
+    skip_below: float = -math.inf  # no answer when both perceived returns are below this
+    tie_within: float = 0.0  # tie when perceived returns differ by at most this
+
+    def __post_init__(self):
+        if not 0.0 <= self.mistake_rate <= 1.0:
+            raise ValueError(f"mistake_rate must be in [0, 1], got {self.mistake_rate}")
+        if not self.beta > 0:
+            raise ValueError(f"beta must be > 0 (inf for a perfectly rational teacher), got {self.beta}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.tie_within < 0:
+            raise ValueError(f"tie_within must be >= 0, got {self.tie_within}")
+
+    def perceived_returns(self, rewards: jax.Array) -> jax.Array:
+        """[..., L] true per-step rewards -> [...] the teacher's (discounted) clip return."""
+        length = rewards.shape[-1]
+        weights = self.gamma ** jnp.arange(length - 1, -1, -1, dtype=jnp.float32)
+        return jnp.sum(rewards * weights, axis=-1)
+
+    def label(self, key: jax.Array, rewards_1: jax.Array, rewards_2: jax.Array):
+        """Label P pairs from their true per-step rewards ``[P, L]``.
+
+        Returns ``(mu, answered)``: ``mu`` [P] in {0, 0.5, 1}; ``answered`` [P] bool, False where
+        the teacher skipped (those must not be trained on).
+        """
+        chex.assert_rank([rewards_1, rewards_2], 2)
+        chex.assert_equal_shape([rewards_1, rewards_2])
+        k_choice, k_mistake = jax.random.split(key)
+        r1, r2 = self.perceived_returns(rewards_1), self.perceived_returns(rewards_2)
+        diff = r1 - r2
+        if math.isinf(self.beta):
+            first = diff > 0
+        else:
+            first = jax.random.uniform(k_choice, diff.shape) < jax.nn.sigmoid(self.beta * diff)
+        flip = jax.random.uniform(k_mistake, diff.shape) < self.mistake_rate
+        first = jnp.where(flip, ~first, first)
+        tie = jnp.abs(diff) <= self.tie_within
+        mu = jnp.where(tie, 0.5, first.astype(jnp.float32))
+        answered = jnp.maximum(r1, r2) >= self.skip_below
+        return mu, answered
+
+    def label_pairs(self, key, pairs):
+        """Convenience: label a ``SegmentPairs`` batch."""
+        return self.label(key, pairs.true_reward[:, 0], pairs.true_reward[:, 1])
