@@ -64,26 +64,36 @@ def sample_candidate_pairs(key: jax.Array, obs, action, true_reward, boundary, n
     return SegmentPairs(obs=pair(o), action=pair(a), true_reward=pair(r))
 
 
-def select_by_disagreement(probs: jax.Array, k: int) -> jax.Array:
+def select_by_disagreement(probs: jax.Array, k: int, valid: jax.Array | None = None) -> jax.Array:
     """Indices of the ``k`` candidates whose predicted P[σ¹ ≻ σ²] varies most across members.
 
     Args:
       probs: ``[members, candidates]`` predicted preference probabilities.
       k: number of queries to keep (static).
+      valid: optional ``[candidates]`` bool; only these compete (the rest rank last). Lets a
+        caller keep one compiled shape while the number of live candidates varies.
     Returns: ``[k]`` int32 indices, highest variance first.
     """
     chex.assert_rank(probs, 2)
     if not 1 <= k <= probs.shape[1]:
         raise ValueError(f"Cannot select {k} queries from {probs.shape[1]} candidates")
     variance = jnp.var(probs, axis=0)
+    if valid is not None:
+        variance = jnp.where(valid, variance, -jnp.inf)
     return jax.lax.top_k(variance, k)[1]
 
 
-def select_random(key: jax.Array, num_candidates: int, k: int) -> jax.Array:
-    """``k`` distinct candidate indices uniformly at random (the "random queries" ablation)."""
+def select_random(key: jax.Array, num_candidates: int, k: int, valid: jax.Array | None = None) -> jax.Array:
+    """``k`` distinct candidate indices uniformly at random (the "random queries" ablation).
+
+    With ``valid``, the valid candidates come first in random order, then the others.
+    """
     if not 1 <= k <= num_candidates:
         raise ValueError(f"Cannot select {k} queries from {num_candidates} candidates")
-    return jax.random.permutation(key, num_candidates)[:k]
+    priority = jax.random.uniform(key, (num_candidates,))
+    if valid is not None:
+        priority = jnp.where(valid, priority, -1.0)
+    return jax.lax.top_k(priority, k)[1]
 
 
 def take_pairs(pairs: SegmentPairs, idx: jax.Array) -> SegmentPairs:

@@ -1,0 +1,88 @@
+"""Benchmark: reward-ensemble training, members vmapped versus walked one after another.
+
+    python -m experiments.bench_ensemble                  # MLP and CNN, 1 and 3 members
+    python -m experiments.bench_ensemble --models mlp --steps 200
+
+Prints one line per setting (compiled steps/s and clip pairs/s, compile time excluded) and a
+JSON list at the end; record the figures in BUILD_NOTES.md with the device they ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+
+from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
+from rlhp_jax.labels import SegmentPairs, add_labels
+from rlhp_jax.reward_models import RewardModelSpec
+
+SPECS = {
+    # A.1 MLP on a MuJoCo-sized input (HalfCheetah: 17-dim obs, 6-dim action), 50-step clips
+    "mlp": (RewardModelSpec("mlp", (17,), (6,), "float32", 6, False), 50, 64),
+    # A.2 CNN on 84x84x4 frames, 25-step clips, batches of 16 pairs (Ibarz A.3)
+    "cnn": (RewardModelSpec("cnn", (84, 84, 4), (), "int32", 6, True), 25, 16),
+}
+
+
+def bench(kind: str, members: int, mode: str, steps: int, capacity: int = 64) -> dict:
+    spec, seg_len, batch = SPECS[kind]
+    cfg = EnsembleConfig(num_members=members, member_axis=mode, batch_size=batch,
+                         input_noise=0.1 if kind == "cnn" else 0.0)
+    ens = RewardEnsemble(spec, cfg)
+    key = jax.random.PRNGKey(0)
+    k1, k2, k3 = jax.random.split(key, 3)
+    obs_dtype = jnp.uint8 if kind == "cnn" else jnp.float32
+    if kind == "cnn":
+        obs = jax.random.randint(k1, (capacity, 2, seg_len, *spec.obs_shape), 0, 255).astype(obs_dtype)
+        act = jnp.zeros((capacity, 2, seg_len), jnp.int32)
+    else:
+        obs = jax.random.normal(k1, (capacity, 2, seg_len, *spec.obs_shape))
+        act = jax.random.normal(k2, (capacity, 2, seg_len, *spec.action_shape))
+    pairs = SegmentPairs(obs, act, jnp.zeros((capacity, 2, seg_len)))
+    mu = (jax.random.uniform(k3, (capacity,)) > 0.5).astype(jnp.float32)
+    buf = add_labels(ens.empty_buffer(capacity, seg_len), key, pairs, mu)
+    state = ens.init(key)
+
+    @jax.jit
+    def run(state, k):
+        return jax.lax.scan(lambda s, kk: ens.train_step(s, buf, kk), state, jax.random.split(k, steps))
+
+    t0 = time.perf_counter()
+    out = run(state, key)
+    jax.block_until_ready(out)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = run(out[0], jax.random.PRNGKey(1))
+    jax.block_until_ready(out)
+    dt = time.perf_counter() - t0
+    return dict(model=kind, members=members, member_axis=mode, backend=jax.default_backend(),
+                device=str(jax.devices()[0].device_kind), steps_per_s=steps / dt,
+                pairs_per_s=steps * batch * members / dt, compile_s=compile_s, batch_pairs=batch,
+                segment_length=seg_len)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=list(SPECS))
+    p.add_argument("--members", nargs="+", type=int, default=[1, 3])
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default: 300 MLP, 20 CNN)")
+    args = p.parse_args(argv)
+    results = []
+    for kind in args.models:
+        steps = args.steps or (300 if kind == "mlp" else 20)
+        for m in args.members:
+            for mode in ("vmap", "map"):
+                r = bench(kind, m, mode, steps)
+                results.append(r)
+                print(f"{kind:3s} members={m} {mode:4s}: {r['steps_per_s']:8.1f} steps/s "
+                      f"{r['pairs_per_s']:9.0f} pairs/s (compile {r['compile_s']:.1f} s) on {r['device']}",
+                      flush=True)
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
