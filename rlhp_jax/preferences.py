@@ -99,8 +99,9 @@ def preference_accuracy(returns_1, returns_2, mu, weights=None) -> jax.Array:
     mu = jnp.asarray(mu)
     strict = (mu != 0.5).astype(jnp.float32)
     w = strict if weights is None else strict * jnp.asarray(weights, jnp.float32)
-    predicted_1 = jnp.asarray(returns_1) > jnp.asarray(returns_2)
-    correct = (predicted_1 == (mu > 0.5)).astype(jnp.float32)
+    r1, r2 = jnp.asarray(returns_1), jnp.asarray(returns_2)
+    # equal predicted returns rank nothing: wrong for either label (not "right" for μ = 0)
+    correct = jnp.where(mu > 0.5, r1 > r2, r2 > r1).astype(jnp.float32)
     total = jnp.sum(w)
     return jnp.where(total > 0, jnp.sum(w * correct) / jnp.maximum(total, 1e-8), jnp.nan)
 

@@ -45,8 +45,10 @@ class SyntheticTeacher:
             raise ValueError(f"beta must be > 0 (inf for a perfectly rational teacher), got {self.beta}")
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-        if self.tie_within < 0:
+        if not self.tie_within >= 0:  # also rejects NaN, which would never tie, not even equal returns
             raise ValueError(f"tie_within must be >= 0, got {self.tie_within}")
+        if math.isnan(self.skip_below):  # NaN would silently skip every pair
+            raise ValueError(f"skip_below must be a number or -inf, got {self.skip_below}")
 
     def perceived_returns(self, rewards: jax.Array) -> jax.Array:
         """[..., L] true per-step rewards -> [...] the teacher's (discounted) clip return."""

@@ -1,0 +1,153 @@
+"""Label schedules (schedules.py): Christiano appendix A, rate ∝ c / (T + c)."""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import fast_jit
+from hypothesis import given
+
+from rlhp_jax.schedules import LabelSchedule, label_schedule
+
+budgets = st.integers(1, 100_000)
+run_lengths = st.integers(1, 10**9)
+fractions = st.floats(0.0, 1.0)
+rate_constants = st.one_of(st.none(), st.floats(1.0, 1e9))
+
+
+@given(budgets, run_lengths, fractions, rate_constants)
+def test_monotone_and_exact_endpoints(total, total_steps, frac, c):
+    s = label_schedule(total, total_steps, initial_fraction=frac, rate_constant=c)
+    assert s.initial == round(frac * total)
+    # numpy grid over the whole run, both ends included
+    steps = np.unique(np.concatenate([np.linspace(0, total_steps, 257).astype(np.int64), [1, total_steps - 1]]))
+    steps = steps[steps >= 0]
+    due = s.due(steps)
+    assert due.dtype == np.int32
+    assert np.all(np.diff(due) >= 0), "schedule must never take labels back"
+    assert due[0] == s.initial
+    assert due[-1] == total
+    assert np.all((due >= s.initial) & (due <= total))
+    # Python ints and NumPy scalars give the same endpoints
+    assert int(s.due(0)) == s.initial
+    assert int(s.due(total_steps)) == total
+    assert int(s.due(np.int64(total_steps))) == total
+    # past the end and before the start: clipped, never beyond the budget
+    assert int(s.due(total_steps * 3)) == total
+    assert int(s.due(-5)) == s.initial
+
+
+@given(budgets, st.integers(1, 2**31 - 1), fractions)
+def test_jax_inputs(total, total_steps, frac):
+    s = label_schedule(total, total_steps, initial_fraction=frac)
+    steps = jnp.array([0, total_steps // 3, total_steps // 2, total_steps], jnp.int32)
+    d = s.due(steps)
+    assert isinstance(d, jax.Array) and d.dtype == jnp.int32
+    d = np.asarray(d)
+    assert d[0] == s.initial and d[-1] == total
+    assert np.all(np.diff(d) >= 0)
+    # NumPy and JAX agree (up to one label where float32 log1p implementations round apart)
+    assert np.all(np.abs(d - s.due(np.asarray(steps))) <= 1)
+
+
+def test_due_under_jit():
+    s = label_schedule(700, 10_000, initial_fraction=0.25)
+    f = fast_jit(s.due)
+    assert int(f(jnp.int32(0))) == 175
+    assert int(f(jnp.int32(10_000))) == 700
+    np.testing.assert_array_equal(f(jnp.arange(0, 10_001, 500)), s.due(np.arange(0, 10_001, 500)))
+
+
+def test_paper_settings():
+    mujoco = label_schedule(700, 10**7, initial_fraction=0.25, rate_constant=2e6)
+    assert mujoco.due(0) == 175 and mujoco.due(10**7) == 700
+    atari = label_schedule(5500, 5 * 10**7, initial_count=500, rate_constant=5e6)
+    assert atari.due(0) == 500 and atari.due(5 * 10**7) == 5500
+    # the "no online queries" ablation: everything up front
+    offline = label_schedule(1000, 10**6, initial_fraction=1.0)
+    np.testing.assert_array_equal(offline.due(np.array([0, 1, 10**6])), 1000)
+    # an initial count above the budget is capped (documented)
+    assert label_schedule(100, 1000, initial_count=500).initial == 100
+
+
+@given(budgets, run_lengths, fractions, rate_constants)
+def test_initial_labels_due_at_step_zero(total, total_steps, frac, c):
+    s = label_schedule(total, total_steps, initial_fraction=frac, rate_constant=c)
+    assert int(s.due(0)) == s.initial
+    # nothing extra is due until the rate has produced a whole label
+    if s.initial == total:
+        assert s.rate(0) == 0.0
+        return
+    first = 1.0 / s.rate(0)  # steps per label at the start
+    if first > 4:
+        assert int(s.due(int(first / 4))) == s.initial
+
+
+@given(st.integers(10, 100_000), st.integers(100, 10**9), st.floats(0.0, 0.9), st.floats(0.0, 1e9))
+def test_rate_halves_when_t_plus_c_doubles(total, total_steps, frac, t):
+    s = label_schedule(total, total_steps, initial_fraction=frac)
+    c = s.rate_constant
+    r = s.rate(t)
+    np.testing.assert_allclose(s.rate(2 * t + c), r / 2, rtol=1e-9)  # T + c doubled
+    np.testing.assert_allclose(r * (t + c), s.rate(0) * c, rtol=1e-9)  # ∝ c / (T + c)
+    assert s.rate(t + 1) < r
+
+
+def test_rate_is_derivative_of_due():
+    # a big budget so the floor in due() is negligible
+    s = LabelSchedule(total=10**6, initial=0, total_steps=10**6, rate_constant=2.5e5)
+    for t in (0, 10**5, 5 * 10**5, 9 * 10**5):
+        h = 10**4
+        slope = (int(s.due(t + h)) - int(s.due(t))) / h
+        exact = s.rate(t + h / 2)  # midpoint rule
+        np.testing.assert_allclose(slope, exact, rtol=0.01)
+    # the paper's statement: after twice as many steps (T ≫ c), about half the rate
+    s = LabelSchedule(total=1000, initial=250, total_steps=10**9, rate_constant=1e3)
+    np.testing.assert_allclose(s.rate(2 * 10**8) / s.rate(10**8), 0.5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(total=0, initial=0, total_steps=10, rate_constant=1.0), "budget must be at least 1"),
+        (dict(total=-3, initial=0, total_steps=10, rate_constant=1.0), "budget must be at least 1"),
+        (dict(total=10, initial=11, total_steps=10, rate_constant=1.0), "initial labels"),
+        (dict(total=10, initial=-1, total_steps=10, rate_constant=1.0), "initial labels"),
+        (dict(total=10, initial=2, total_steps=0, rate_constant=1.0), "total_steps"),
+        (dict(total=10, initial=2, total_steps=-100, rate_constant=1.0), "total_steps"),
+        (dict(total=10, initial=2, total_steps=10, rate_constant=0.0), "rate_constant"),
+        (dict(total=10, initial=2, total_steps=10, rate_constant=-1.0), "rate_constant"),
+    ],
+)
+def test_bad_schedule_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LabelSchedule(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((0, 1000), {}, "budget must be at least 1"),
+        ((100, 0), {}, "total_steps"),
+        ((100, -1000), {}, "total_steps"),
+        ((100, 1000), dict(initial_fraction=1.5), "initial_fraction"),
+        ((100, 1000), dict(initial_fraction=-0.1), "initial_fraction"),
+        ((100, 1000), dict(initial_count=-1), "initial labels"),
+        ((100, 1000), dict(initial_fraction=0.1, initial_count=5), "not both"),
+        ((100, 1000), dict(rate_constant=0.0), "rate_constant"),
+    ],
+)
+def test_bad_label_schedule_raises(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        label_schedule(*args, **kwargs)
+
+
+def test_default_rate_constant():
+    s = label_schedule(100, 4000)
+    assert s.rate_constant == 1000.0 and s.initial == 25
+    assert math.isclose(s.rate(s.rate_constant), s.rate(0) / 2)
