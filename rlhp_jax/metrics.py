@@ -126,6 +126,10 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
 
+    from matplotlib.ticker import EngFormatter
+
+    for a in axes:
+        a.xaxis.set_major_formatter(EngFormatter(sep=""))
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -16,8 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -26,7 +25,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from rlhp_jax.envs import EnvSpec, VecEnv, make_env
+from rlhp_jax.envs import EnvSpec, VecEnv
 from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -55,7 +54,7 @@ class PPOConfig:
         return self.num_envs * self.num_steps
 
 
-# Per-task presets tuned on the true reward scaled to unit std (see train_on_rewards), over
+# Per-task presets tuned on the true reward scaled to unit std (the driver's true-reward baseline), over
 # several seeds, favouring stability over the last bit of speed. The defaults are CartPole's.
 PRESETS: dict[str, PPOConfig] = {
     "CartPole-v1": PPOConfig(),
@@ -318,74 +317,3 @@ def random_reward_stats(env: VecEnv, key: jax.Array, num_steps: int = 1000) -> t
     state, obs = env.reset(k_reset)
     _, _, ro = collect_rollout(env, random_policy, None, state, obs, k_roll, num_steps)
     return float(jnp.mean(ro.true_reward)), float(jnp.maximum(jnp.std(ro.true_reward), 1e-6))
-
-
-def make_train_step(env: VecEnv, agent: PPO, reward_fn: Callable[[Rollout], jax.Array]):
-    """Jitted ``(ppo_state, env_state, obs, key) -> (ppo_state, env_state, obs, rollout, metrics)``.
-
-    ``reward_fn(rollout) -> [T, N]`` gives the rewards the agent learns from.
-    """
-
-    @jax.jit
-    def train_step(ppo_state, env_state, obs, key):
-        k_roll, k_upd = jax.random.split(key)
-        env_state, obs, rollout = collect_rollout(
-            env, agent.policy, ppo_state.params, env_state, obs, k_roll, agent.config.num_steps
-        )
-        ppo_state, metrics = agent.update(ppo_state, rollout, reward_fn(rollout), k_upd)
-        metrics["true_reward_mean"] = rollout.true_reward.mean()
-        metrics["terminations"] = rollout.terminated.sum()
-        return ppo_state, env_state, obs, rollout, metrics
-
-    return train_step
-
-
-def train_on_rewards(
-    env_name: str,
-    total_steps: int,
-    seed: int = 0,
-    config: PPOConfig | None = None,
-    eval_every_steps: int = 5000,
-    eval_episodes: int = 10,
-    log: Callable[[dict], None] | None = None,
-) -> tuple[Any, list[dict]]:
-    """PPO on the TRUE reward: the "RL on the true reward" baseline.
-
-    The true reward (incl. the terminal penalty) is normalized with fixed constants, its mean
-    and std under uniformly random actions measured once before training, so that the agent
-    sees rewards of roughly zero mean and unit std, like the normalized learned reward (std 1).
-    With fixed-length episodes the constant shift does not change the optimal policy. The agent
-    still never reads ``terminated``. Returns ``(params, metrics)``, one dict of floats per update with
-    ``env_steps``, ``wall_s`` and, every ``eval_every_steps`` and at the end, ``eval_return``
-    (greedy policy, unmodified task, mean over ``eval_episodes``).
-    """
-    config = config or preset(env_name)
-    env = make_env(env_name, config.num_envs)
-    total_updates = max(1, total_steps // config.batch_size)
-    agent = PPO(env.spec, config, total_updates)
-    key = jax.random.PRNGKey(seed)
-    k_init, k_reset, k_scale, key = jax.random.split(key, 4)
-    shift, scale = random_reward_stats(env, k_scale)
-    train_step = make_train_step(env, agent, lambda ro: (ro.true_reward - shift) / scale)
-    ppo_state = agent.init(k_init)
-    env_state, obs = env.reset(k_reset)
-
-    history: list[dict] = []
-    start = time.perf_counter()
-    next_eval = eval_every_steps
-    for update in range(1, total_updates + 1):
-        key, k_step, k_eval = jax.random.split(key, 3)
-        ppo_state, env_state, obs, _, metrics = train_step(ppo_state, env_state, obs, k_step)
-        env_steps = update * config.batch_size
-        row = {k: float(v) for k, v in metrics.items()}
-        row.update(update=update, env_steps=env_steps, reward_shift=shift, reward_scale=scale)
-        if env_steps >= next_eval or update == total_updates:
-            next_eval += eval_every_steps
-            row["eval_return"] = float(
-                evaluate(env, agent, ppo_state.params, k_eval, eval_episodes, env.spec.horizon)
-            )
-        row["wall_s"] = time.perf_counter() - start
-        history.append(row)
-        if log is not None:
-            log(row)
-    return ppo_state.params, history
