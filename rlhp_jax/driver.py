@@ -149,7 +149,7 @@ class PreferenceRun:
         self._candidates = jax.jit(candidates, static_argnums=4)
         self._label = jax.jit(self.cfg.teacher.label_pairs)
         self._add = jax.jit(labels_lib.add_labels)
-        self._fit = jax.jit(ens.fit, static_argnums=3)
+        self._fit = ens.fitter()
         self._evaluate_ensemble = jax.jit(ens.evaluate)
         self._correlation = jax.jit(correlation)
         self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)

@@ -13,10 +13,11 @@ Christiano et al. 2017, §2.2.3, with the options of Ibarz et al. 2018, A.3:
 * r̂ = mean over members of each member's reward normalized to zero mean and unit std (over the
   label buffer's clips), scaled to ``reward_std`` (1 on MuJoCo-like tasks, 0.05 on Atari).
 
-One jitted step trains the whole ensemble.  The member axis is either ``vmap``ped or walked
-with ``lax.map`` (one member after another inside the same compiled step); which is faster
-depends on model and backend (see ``BUILD_NOTES.md``) and ``member_axis="auto"`` picks per
-backend.
+One jitted step trains the whole ensemble.  The member axis is ``vmap``ped, walked with
+``lax.map`` (one member after another inside the same compiled step) or unrolled; which is
+fastest depends on model and backend (see ``BUILD_NOTES.md``) and ``member_axis="auto"`` picks
+per backend and model.  ``fitter()`` runs many steps either as one compiled scan or as a host
+loop over the compiled step (``fit_loop``), again chosen per backend and model.
 """
 
 from __future__ import annotations
@@ -51,14 +52,17 @@ class EnsembleConfig:
     input_noise: float = 0.0  # Ibarz A.3: Gaussian noise of amplitude 0.1 on [0, 1] frames
     reward_l2: float = 0.0  # Ibarz A.3: loss ∝ squared predicted reward (zero-mean prior)
     reward_std: float = 1.0  # A.1: 1 (MuJoCo); A.2: 0.05 (Atari)
-    member_axis: str = "auto"  # "vmap", "map" (sequential) or "auto" (per backend)
+    member_axis: str = "auto"  # "vmap", "map" (sequential loop), "unroll" or "auto" (per backend/model)
+    fit_loop: str = "auto"  # steps of fit(): "scan" (one program), "host" (Python loop) or "auto"
     chunk_size: int = 4096  # rows per forward pass when scoring the whole label buffer
 
     def __post_init__(self):
         if self.num_members < 1:
             raise ValueError(f"num_members must be >= 1, got {self.num_members}")
-        if self.member_axis not in ("auto", "vmap", "map"):
-            raise ValueError(f"member_axis must be 'auto', 'vmap' or 'map', got {self.member_axis!r}")
+        if self.member_axis not in ("auto", "vmap", "map", "unroll"):
+            raise ValueError(f"member_axis must be 'auto', 'vmap', 'map' or 'unroll', got {self.member_axis!r}")
+        if self.fit_loop not in ("auto", "scan", "host"):
+            raise ValueError(f"fit_loop must be 'auto', 'scan' or 'host', got {self.fit_loop!r}")
         if not 0.0 <= self.error_rate < 1.0:
             raise ValueError(f"error_rate must be in [0, 1), got {self.error_rate}")
 
@@ -87,20 +91,32 @@ def adaptive_l2(l2, train_loss, val_loss, rate=0.001, low=1.1, high=1.5):
     return l2 * factor
 
 
-def resolve_member_axis(mode: str, backend: str | None = None) -> str:
-    """'auto' -> 'map' on CPU (vmapped convolutions measured slower there), 'vmap' elsewhere."""
+def resolve_member_axis(mode: str, backend: str | None = None, model_kind: str = "mlp") -> str:
+    """'auto' -> the fastest measured layout (BUILD_NOTES "ensemble step"): on CPU ``map`` for the
+    MLP and ``unroll`` for the CNN (XLA:CPU runs convolution gradients ~20x slower inside a loop
+    body, jax-ml/jax#12868, so the CNN must not sit in ``lax.map``); ``vmap`` on accelerators."""
     if mode != "auto":
         return mode
     backend = backend or jax.default_backend()
-    return "map" if backend == "cpu" else "vmap"
+    if backend != "cpu":
+        return "vmap"
+    return "unroll" if model_kind == "cnn" else "map"
 
 
 def over_members(fn, mode: str):
-    """Apply ``fn`` to every member: ``jax.vmap`` or a sequential ``lax.map`` inside one program."""
+    """Apply ``fn`` to every member (leading axis of every argument) inside one program:
+    ``vmap`` (batched), ``map`` (a sequential ``lax.map`` loop) or ``unroll`` (one copy of the
+    member's computation per member, no loop)."""
     if mode == "vmap":
         return jax.vmap(fn)
     if mode == "map":
         return lambda *args: jax.lax.map(lambda a: fn(*a), args)
+    if mode == "unroll":
+        def unrolled(*args):
+            m = jax.tree.leaves(args)[0].shape[0]
+            outs = [fn(*jax.tree.map(lambda a: a[i], args)) for i in range(m)]
+            return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+        return unrolled
     raise ValueError(f"unknown member axis mode {mode!r}")
 
 
@@ -121,7 +137,7 @@ class RewardEnsemble:
         self.spec = model_spec
         self.config = config
         self.model: nn.Module = model_spec.build()
-        self.mode = resolve_member_axis(config.member_axis)
+        self.mode = resolve_member_axis(config.member_axis, model_kind=model_spec.kind)
         self.optimizer = optax.adam(config.learning_rate, b1=0.9, b2=0.999, eps=1e-8)
 
     # ------------------------------------------------------------------ construction
@@ -272,6 +288,32 @@ class RewardEnsemble:
         state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_steps))
         state = self.update_normalization(state, buffer)
         return state, jax.tree.map(lambda x: jnp.nanmean(x, axis=0), metrics)
+
+    def fit_loop(self, backend: str | None = None) -> str:
+        """'scan' or 'host' for this model and backend (``config.fit_loop``; 'auto' -> 'host' for
+        the CNN on CPU, where convolution gradients inside a loop body are ~20x slower)."""
+        if self.config.fit_loop != "auto":
+            return self.config.fit_loop
+        backend = backend or jax.default_backend()
+        return "host" if (backend == "cpu" and self.spec.kind == "cnn") else "scan"
+
+    def fitter(self, jit=jax.jit):
+        """A compiled ``fit(state, buffer, key, num_steps)`` with the same results either way:
+        the whole scan as one program, or a host loop over one compiled ``train_step``."""
+        if self.fit_loop() == "scan":
+            return jit(self.fit, static_argnums=3)
+        step = jit(self.train_step)
+        normalize = jit(self.update_normalization)
+
+        def host_fit(state, buffer, key, num_steps):
+            history = []
+            for k in jax.random.split(key, num_steps):
+                state, metrics = step(state, buffer, k)
+                history.append(metrics)
+            metrics = jax.tree.map(lambda *xs: jnp.nanmean(jnp.stack(xs), axis=0), *history)
+            return normalize(state, buffer), metrics
+
+        return host_fit
 
     # ------------------------------------------------------------------ whole-buffer passes
     def buffer_member_rewards(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> jax.Array:

@@ -8,10 +8,16 @@ Every driver and agent talks to a batch of environments through the same small p
 
 The modifications of Christiano et al. 2017, appendix A, live here and only here:
 
-* The agent never sees termination.  When the underlying task terminates (the pole falls,
-  the robot leaves its healthy range) the emulator is reset silently, the episode clock keeps
-  running, and ``terminal_penalty`` is added to the *true* reward, which only the synthetic
-  oracle and the metrics read.  Every episode therefore has the same length, ``horizon``.
+* The agent never sees termination; every episode has the same length, ``horizon``.  What
+  happens instead depends on the task's ``on_terminate``:
+
+  - ``"continue"`` (Christiano A.1, robotics): the simulation runs on outside the healthy
+    range and ``terminal_penalty`` is added to the *true* reward on every step spent there
+    (the agent must learn to stay in range);
+  - ``"reset"`` (A.2, Atari-style): the emulator resets silently, the clock keeps running,
+    and ``terminal_penalty`` is added once, on the step that terminated.
+
+  The true reward is read only by the synthetic oracle and the metrics.
 * The only boundary the agent sees is ``StepOut.boundary``, the fixed-horizon reset, which
   carries no information about the task.
 * ``StepOut.true_reward`` and ``StepOut.terminated`` sit beside, never inside, what the agent
@@ -42,6 +48,7 @@ class EnvSpec:
     terminal_penalty: float  # added to the true reward when the underlying task terminates
     segment_length: int  # default clip length for queries (about 1.5 s of simulated time)
     reward_std: float  # default std of the normalized predicted reward (Christiano A.1: 1)
+    on_terminate: str = "reset"  # "continue" (penalty per step out of range) or "reset" (penalty once)
 
     @property
     def action_shape(self) -> tuple[int, ...]:
@@ -57,7 +64,7 @@ class StepOut(NamedTuple):
 
     obs: jax.Array  # observation after the step (after a silent or boundary reset)
     true_reward: jax.Array  # task reward incl. terminal penalty: oracle and metrics only
-    terminated: jax.Array  # the underlying task terminated on this step: oracle/metrics only
+    terminated: jax.Array  # the task left its healthy range on this step (would have ended): oracle/metrics only
     boundary: jax.Array  # fixed-horizon episode boundary: the only end the agent sees
     raw_reward: jax.Array  # the unmodified task reward (no penalty), for evaluation
 
@@ -80,6 +87,8 @@ class GymnaxState:
 # Per-task settings of the paper-style modification. horizon = the task's usual time limit;
 # segment_length ~ 1.5 s of simulated time where that is short enough to judge, as in A.1.
 _GYMNAX_TASKS: dict[str, dict[str, Any]] = {
+    # CartPole resets on a fall (penalty once): run on, the fallen pole's unbounded states are
+    # off-distribution for r̂ and the agent learns to fall at once (BUILD_NOTES).
     "CartPole-v1": dict(horizon=500, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
     "Pendulum-v1": dict(horizon=200, terminal_penalty=0.0, segment_length=30, reward_std=1.0),
     "Acrobot-v1": dict(horizon=500, terminal_penalty=0.0, segment_length=25, reward_std=1.0),
@@ -132,7 +141,10 @@ class GymnaxVecEnv:
             terminal_penalty=float(settings["terminal_penalty"]),
             segment_length=int(settings["segment_length"]),
             reward_std=float(settings["reward_std"]),
+            on_terminate=str(settings.get("on_terminate", "reset")),
         )
+        if self.spec.on_terminate not in ("reset", "continue"):
+            raise ValueError(f"on_terminate must be 'reset' or 'continue', got {self.spec.on_terminate!r}")
 
     # -- single-environment pieces (vmapped below) --------------------------------------
     def _reset_one(self, key):
@@ -146,16 +158,23 @@ class GymnaxVecEnv:
             act = action[..., 0]
         elif not self.spec.discrete:
             act = action
+        was_out = jnp.asarray(self._env.is_terminal(inner, self._params), bool)
         obs, inner_next, reward, done, _ = self._env.step_env(k_step, inner, act, self._params)
-        terminated = jnp.asarray(done, bool)
+        out_of_range = jnp.asarray(done, bool)
         t_next = t + 1
         boundary = t_next >= self.spec.horizon
+        raw = jnp.asarray(reward, jnp.float32)
+        if self.spec.on_terminate == "continue":
+            terminated = out_of_range & ~was_out  # the step on which the task would have ended
+            true_reward = raw + jnp.where(out_of_range, self.spec.terminal_penalty, 0.0)
+            do_reset = boundary
+        else:
+            terminated = out_of_range
+            true_reward = raw + jnp.where(terminated, self.spec.terminal_penalty, 0.0)
+            do_reset = terminated | boundary
         reset_obs, reset_inner = self._reset_one(k_reset)
-        do_reset = terminated | boundary
         inner_next = jax.tree.map(lambda a, b: jnp.where(do_reset, a, b), reset_inner, inner_next)
         obs = jnp.where(do_reset, reset_obs, obs.astype(jnp.float32))
-        raw = jnp.asarray(reward, jnp.float32)
-        true_reward = raw + jnp.where(terminated, self.spec.terminal_penalty, 0.0)
         t_next = jnp.where(boundary, 0, t_next)
         return inner_next, t_next, StepOut(obs, true_reward, terminated, boundary, raw)
 

@@ -106,6 +106,12 @@ def ens3_vmap():
 
 
 @pytest.fixture(scope="session")
+def ens3_unroll():
+    """Same configuration as ``ens3`` with the member axis unrolled."""
+    return Compiled(MLP_SPEC, EnsembleConfig(num_members=3, member_axis="unroll"))
+
+
+@pytest.fixture(scope="session")
 def ens1():
     """A single member with ``ens3``'s training hyperparameters (for the member-alone check)."""
     return Compiled(MLP_SPEC, EnsembleConfig(num_members=1, member_axis="map"))

@@ -6,6 +6,7 @@ one scan length used with ``ens3.fit``, so that scan compiles once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import hypothesis.strategies as st
@@ -13,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import OBS_DIM, SEGMENT_LENGTH, Compiled, random_pairs
+from conftest import MLP_SPEC, OBS_DIM, SEGMENT_LENGTH, Compiled, fast_jit, random_pairs
 from hypothesis import assume, given
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax.ensemble import EnsembleConfig, adaptive_l2, resolve_member_axis
+from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble, adaptive_l2, resolve_member_axis
 from rlhp_jax.reward_models import RewardModelSpec
 
 N_FIT = 500  # steps of every ens3.fit call
@@ -83,13 +84,15 @@ def fitted3(ens3, state3, learning_buffer):
 
 
 # ------------------------------------------------------------------ (1) one step, three ways
-def test_vmap_equals_sequential(ens3, ens3_vmap, state3, learning_buffer):
-    assert ens3.ens.mode == "map" and ens3_vmap.ens.mode == "vmap"
+@pytest.mark.parametrize("other", ["vmap", "unroll"])
+def test_vmap_and_unroll_equal_sequential(request, other, ens3, state3, learning_buffer):
+    ens_other = request.getfixturevalue(f"ens3_{other}")
+    assert ens3.ens.mode == "map" and ens_other.ens.mode == other
     s_map, s_vmap = state3, state3
     for i in range(3):
         key = jax.random.key(10 + i)
         s_map, m_map = ens3.train_step(s_map, learning_buffer, key)
-        s_vmap, m_vmap = ens3_vmap.train_step(s_vmap, learning_buffer, key)
+        s_vmap, m_vmap = ens_other.train_step(s_vmap, learning_buffer, key)
         tree_allclose(m_map, m_vmap, **TOL)
     tree_allclose(without_output_bias(s_map.params), without_output_bias(s_vmap.params), **PARAM_TOL)
     tree_allclose(s_map.opt_state, s_vmap.opt_state, **TOL)  # moments: the gradients themselves
@@ -269,6 +272,19 @@ def fitted1_noreg(ens1_noreg, buffer1):
     return ens1_noreg.fit(state, buffer1, jax.random.key(5), N_FIT_1)
 
 
+def test_host_fit_loop_equals_scan(ens1_noreg, fitted1_noreg, buffer1):
+    """The host loop over the compiled step (the CNN's CPU default) gives the scan's results."""
+    host = RewardEnsemble(MLP_SPEC, dataclasses.replace(ens1_noreg.ens.config, fit_loop="host"))
+    state = ens1_noreg.init(jax.random.key(4))
+    s_host, m_host = host.fitter(jit=fast_jit)(state, buffer1, jax.random.key(5), N_FIT_1)
+    s_scan, m_scan = fitted1_noreg
+    tree_allclose(m_host, m_scan, rtol=1e-4, atol=1e-5)
+    tree_allclose(without_output_bias(s_host.params), without_output_bias(s_scan.params), **PARAM_TOL)
+    np.testing.assert_allclose(s_host.norm_mean, s_scan.norm_mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(s_host.norm_std, s_scan.norm_std, rtol=1e-4)
+    assert int(s_host.steps) == N_FIT_1
+
+
 def test_normalized_reward_has_zero_mean_and_configured_std(ens1_noreg, fitted1_noreg, buffer1):
     state, _ = fitted1_noreg
     n = buffer1.capacity * 2 * SEGMENT_LENGTH
@@ -300,7 +316,7 @@ def test_normalization_ignores_empty_slots(ens1_noreg, fitted1_noreg, buffer1):
 # ------------------------------------------------------------------ (5) the CNN shares the code
 def test_cnn_train_step_shapes():
     spec = RewardModelSpec("cnn", (84, 84, 4), (), "int32", 6, True)
-    cnn = Compiled(spec, EnsembleConfig(num_members=2, batch_size=2, input_noise=0.1, member_axis="map"))
+    cnn = Compiled(spec, EnsembleConfig(num_members=2, batch_size=2, input_noise=0.1, member_axis="unroll"))
     state = cnn.init(jax.random.key(0))
     cap, t = 4, 2
     rng = np.random.default_rng(1)
@@ -329,10 +345,18 @@ def test_cnn_train_step_shapes():
 
 def test_resolve_member_axis():
     assert resolve_member_axis("auto", "cpu") == "map"
+    assert resolve_member_axis("auto", "cpu", model_kind="cnn") == "unroll"
     assert resolve_member_axis("auto", "gpu") == "vmap"
+    assert resolve_member_axis("auto", "gpu", model_kind="cnn") == "vmap"
     assert resolve_member_axis("vmap", "cpu") == "vmap"
     with pytest.raises(ValueError, match="member_axis"):
         EnsembleConfig(member_axis="pmap")
+    with pytest.raises(ValueError, match="fit_loop"):
+        EnsembleConfig(fit_loop="while")
+    cnn_spec = RewardModelSpec("cnn", (84, 84, 4), (), "int32", 6, True)
+    assert RewardEnsemble(cnn_spec).fit_loop("cpu") == "host"
+    assert RewardEnsemble(cnn_spec).fit_loop("gpu") == "scan"
+    assert RewardEnsemble(MLP_SPEC).fit_loop("cpu") == "scan"
     with pytest.raises(ValueError, match="num_members"):
         EnsembleConfig(num_members=0)
     with pytest.raises(ValueError, match="error_rate"):
