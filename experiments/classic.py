@@ -78,11 +78,11 @@ def ppo_config(env: str, overrides: list[str]):
 def config_from_args(args):
     from rlhp_jax.driver import RunConfig
     from rlhp_jax.ensemble import EnsembleConfig
-    from rlhp_jax.envs import supported_envs
+    from rlhp_jax.envs import gymnax_envs
     from rlhp_jax.teachers import SyntheticTeacher
 
-    if args.env not in supported_envs():
-        raise ValueError(f"Unknown environment {args.env!r}. Supported: {', '.join(supported_envs())}.")
+    if args.env not in gymnax_envs():
+        raise ValueError(f"Unknown environment {args.env!r}. Supported: {', '.join(gymnax_envs())} (this entry point runs the gymnax classic-control tasks).")
     d = DEFAULTS.get(args.env, dict(labels=500, steps=100_000, rate_constant=None))
     labels = d["labels"] if args.labels is None else args.labels
     steps = d["steps"] if args.steps is None else args.steps

@@ -130,7 +130,7 @@ class PreferenceRun:
             pool = q * cfg.candidate_factor
             pairs = queries.sample_candidate_pairs(
                 k_pairs, rollout.obs, clip_action(self.spec, rollout.action), rollout.true_reward,
-                rollout.boundary, pool, self.seg_len)
+                rollout.boundary, pool, self.seg_len, excluded=~rollout.valid)
             live = jnp.arange(pool) < n_live * cfg.candidate_factor
             if cfg.selection == "disagreement" and ens.config.num_members > 1:
                 probs = ens.predict_preferences(ens_state, pairs)
@@ -141,7 +141,8 @@ class PreferenceRun:
 
         def correlation(rollout: Rollout, rewards, key):
             _, pred, true = queries.sample_segments(key, rollout.obs, rewards, rollout.true_reward,
-                                                    rollout.boundary, cfg.correlation_segments, self.seg_len)
+                                                    rollout.boundary, cfg.correlation_segments, self.seg_len,
+                                                    excluded=~rollout.valid)
             return segment_return_correlation(pred.sum(-1), true.sum(-1))
 
         self._iteration = jax.jit(iteration)

@@ -67,6 +67,8 @@ class StepOut(NamedTuple):
     terminated: jax.Array  # the task left its healthy range on this step (would have ended): oracle/metrics only
     boundary: jax.Array  # fixed-horizon episode boundary: the only end the agent sees
     raw_reward: jax.Array  # the unmodified task reward (no penalty), for evaluation
+    valid: jax.Array  # False on a step that is no real transition (envpool's deferred reset): never in a segment
+    render: jax.Array  # [num_envs, R] float32 extra per-step data a clip renderer needs (R may be 0)
 
 
 class VecEnv(Protocol):
@@ -96,8 +98,15 @@ _GYMNAX_TASKS: dict[str, dict[str, Any]] = {
 }
 
 
-def supported_envs() -> list[str]:
+def gymnax_envs() -> list[str]:
     return sorted(_GYMNAX_TASKS)
+
+
+def supported_envs() -> list[str]:
+    """Every task name ``make_env`` accepts: gymnax's classic tasks, then envpool's Atari and MuJoCo."""
+    from rlhp_jax import envpool_envs
+
+    return gymnax_envs() + envpool_envs.supported_envs()
 
 
 class GymnaxVecEnv:
@@ -176,7 +185,8 @@ class GymnaxVecEnv:
         inner_next = jax.tree.map(lambda a, b: jnp.where(do_reset, a, b), reset_inner, inner_next)
         obs = jnp.where(do_reset, reset_obs, obs.astype(jnp.float32))
         t_next = jnp.where(boundary, 0, t_next)
-        return inner_next, t_next, StepOut(obs, true_reward, terminated, boundary, raw)
+        return inner_next, t_next, StepOut(obs, true_reward, terminated, boundary, raw,
+                                           valid=jnp.ones((), bool), render=jnp.zeros((0,), jnp.float32))
 
     # -- the protocol -------------------------------------------------------------------
     def reset(self, key: jax.Array) -> tuple[GymnaxState, jax.Array]:
@@ -201,5 +211,11 @@ class GymnaxVecEnv:
 
 
 def make_env(name: str, num_envs: int, **overrides: Any) -> VecEnv:
-    """Build a batched environment by name. Raises ValueError listing supported names."""
-    return GymnaxVecEnv(name, num_envs, **overrides)
+    """Build a batched environment by name (gymnax or envpool). Raises ValueError listing supported names."""
+    if name in _GYMNAX_TASKS:
+        return GymnaxVecEnv(name, num_envs, **overrides)
+    from rlhp_jax import envpool_envs
+
+    if envpool_envs.is_envpool_env(name):
+        return envpool_envs.EnvpoolVecEnv(name, num_envs, **overrides)
+    raise ValueError(f"Unknown environment {name!r}. Supported environments: {', '.join(supported_envs())}.")

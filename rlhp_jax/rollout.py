@@ -1,9 +1,9 @@
 """Collecting fixed-length rollouts from a batched environment with ``jax.lax.scan``.
 
 The rollout keeps everything the environment reports (``true_reward``, ``terminated``,
-``raw_reward``) so that the oracle and the metrics can use it, but agents must learn only
-from ``obs``, ``action``, ``boundary`` and a reward array passed in separately (Christiano et
-al. 2017, appendix A).
+``raw_reward``, ``render``) so that the oracle, the metrics and the clips can use it, but agents
+must learn only from ``obs``, ``action``, ``boundary``, ``valid`` and a reward array passed in
+separately (Christiano et al. 2017, appendix A).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class Rollout(NamedTuple):
     true_reward: jax.Array  # [T, N] task reward incl. terminal penalty (oracle / metrics only)
     terminated: jax.Array  # [T, N] bool, underlying task terminated (oracle / metrics only)
     raw_reward: jax.Array  # [T, N] unmodified task reward (metrics only)
+    valid: jax.Array  # [T, N] bool, False on envpool's deferred-reset steps (action ignored)
+    render: jax.Array  # [T, N, R] extra per-step data for rendering clips (R may be 0)
     last_obs: jax.Array  # [N, *obs_shape] observation after the last step
     last_value: jax.Array  # [N] value estimate of ``last_obs`` (for bootstrapping)
 
@@ -71,7 +73,8 @@ def collect_rollout(
         k_act, k_env = jax.random.split(step_key)
         action, log_prob, value = policy_fn(params, obs, k_act)
         env_state, out = env.step(k_env, env_state, clip_action(env.spec, action))
-        transition = (obs, action, log_prob, value, out.boundary, out.true_reward, out.terminated, out.raw_reward)
+        transition = (obs, action, log_prob, value, out.boundary, out.true_reward, out.terminated, out.raw_reward,
+                      out.valid, out.render)
         return (env_state, out.obs), transition
 
     k_steps, k_last = jax.random.split(key)

@@ -80,13 +80,13 @@ def test_no_termination_signal_in_the_agent_view():
 
 
 def test_unknown_env_and_bad_settings_raise():
-    with pytest.raises(ValueError, match="Unknown environment 'Hopper'.*Supported environments"):
-        make_env("Hopper", 2)
+    with pytest.raises(ValueError, match="Unknown environment 'Hoper'.*Supported environments.*CartPole-v1.*Pong.*Hopper"):
+        make_env("Hoper", 2)
     with pytest.raises(ValueError, match="num_envs must be >= 1"):
         make_env("CartPole-v1", 0)
     with pytest.raises(ValueError, match="on_terminate must be 'reset' or 'continue'"):
         make_env("CartPole-v1", 1, on_terminate="explode")
-    assert {"CartPole-v1", "Pendulum-v1"} <= set(supported_envs())
+    assert {"CartPole-v1", "Pendulum-v1", "Pong", "Hopper", "InvertedDoublePendulum"} <= set(supported_envs())
 
 
 def test_obs_dtype_and_action_space_of_spec():

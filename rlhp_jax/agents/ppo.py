@@ -217,23 +217,29 @@ class PPO:
         return self._forward(params, obs)[1]
 
     def _loss(self, params, batch):
-        obs, action, old_logp, adv, target = batch
+        """PPO loss over the steps with ``valid`` set (a deferred-reset step's action was ignored
+        by the environment, so it carries no information about the policy)."""
+        obs, action, old_logp, adv, target, valid = batch
+        w = valid.astype(jnp.float32)
+        n = jnp.maximum(w.sum(), 1.0)
+        wmean = lambda x: jnp.sum(w * x) / n
         dist, value = self._forward(params, obs)
         logp = self._log_prob(dist, action)
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        adv_mean = wmean(adv)
+        adv = (adv - adv_mean) / (jnp.sqrt(wmean(jnp.square(adv - adv_mean))) + 1e-8)
         log_ratio = logp - old_logp
         ratio = jnp.exp(log_ratio)
         clip = self.config.clip_eps
-        pg_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * adv).mean()
-        v_loss = 0.5 * jnp.mean((value - target) ** 2)
-        entropy = self._entropy(dist).mean()
+        pg_loss = -wmean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * adv))
+        v_loss = 0.5 * wmean((value - target) ** 2)
+        entropy = wmean(self._entropy(dist))
         loss = pg_loss + self.config.vf_coef * v_loss - self.config.ent_coef * entropy
         stats = dict(
             policy_loss=pg_loss,
             value_loss=v_loss,
             entropy=entropy,
-            approx_kl=jnp.mean((ratio - 1.0) - log_ratio),
-            clip_frac=jnp.mean(jnp.abs(ratio - 1.0) > clip),
+            approx_kl=wmean((ratio - 1.0) - log_ratio),
+            clip_frac=wmean(jnp.abs(ratio - 1.0) > clip),
         )
         return loss, stats
 
@@ -244,7 +250,7 @@ class PPO:
             rewards, rollout.value, rollout.boundary, rollout.last_value, cfg.gamma, cfg.gae_lambda
         )
         flat = lambda x: x.reshape((-1,) + x.shape[2:])
-        data = tuple(map(flat, (rollout.obs, rollout.action, rollout.log_prob, adv, target)))
+        data = tuple(map(flat, (rollout.obs, rollout.action, rollout.log_prob, adv, target, rollout.valid)))
         batch_size = data[0].shape[0]
         mb_size = batch_size // cfg.num_minibatches
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)

@@ -1,0 +1,315 @@
+"""The papers' benchmarks on envpool (layer 3): Atari (ALE) and MuJoCo, behind ``envs.VecEnv``.
+
+Same protocol as the gymnax backend (``state, obs = env.reset(key)``; ``state, out =
+env.step(key, state, action)`` inside ``jax.jit``/``lax.scan``), with the modifications of
+Christiano et al. 2017, appendix A, and Ibarz et al. 2018, appendix A.1:
+
+Atari
+  84×84 grayscale, frame skip 4 with max-pooling over the last two frames, a stack of 4 (given
+  to the agent channel-last, ``[84, 84, 4]``), 0–30 no-ops at reset (``noop_max=90`` for
+  Ibarz), no sticky actions, minimal or full (``full_action_space=True``, Ibarz) action set.
+  The score area (and BeamRider's enemy-ship count, Enduro's speedometer) is black in every
+  frame the agent or a person sees (``atari_masks``).  Life loss and game over are never sent
+  to the agent: ``boundary`` is always False and the emulator resets silently.  For the
+  synthetic oracle, ``true_reward`` = the game reward (clipped to [-1, 1] when
+  ``clip_oracle_reward``) plus ``terminal_penalty`` on the step the game ends — in every game
+  but Pong, whose penalty is 0.
+
+MuJoCo (Christiano A.1)
+  Control costs are removed (``ctrl_cost_weight=0``, contact costs too).  Where the task can
+  run on outside its healthy range (Hopper, Walker2d, Ant) it does (``terminate_when_unhealthy
+  =False``), every episode lasts the full 1000 steps and ``terminal_penalty`` is added to the
+  true reward on every step spent outside the range; InvertedPendulum and
+  InvertedDoublePendulum cannot run on in envpool, so there a fall resets silently with the
+  penalty once (like the Atari games).  ``boundary`` marks only the fixed time limit.
+
+Both
+  envpool resets lazily: the step after an episode end is a *deferred reset* that ignores the
+  action and returns the new episode's first observation with reward 0.  It is flagged
+  ``StepOut.valid = False`` and must never enter a segment or an agent's loss.
+
+Stepping: ``backend="xla"`` steps through envpool's XLA custom call inside the compiled
+program; ``backend="callback"`` calls envpool's C++ ``step`` from the program through
+``jax.experimental.io_callback``.  MuJoCo always uses the callback because envpool's XLA
+handle demands float64 actions, which would mean enabling x64 for the whole program; the
+callback converts float32 actions on the host.  Atari's default is whichever the benchmark in
+``BUILD_NOTES.md`` measured faster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhp_jax.envs import EnvSpec, StepOut
+
+# The games of Christiano (7: BeamRider, Breakout, Enduro, Pong, Qbert, Seaquest,
+# SpaceInvaders) and Ibarz (adds Hero, MontezumaRevenge, PrivateEye and others).
+ATARI_GAMES = ("BeamRider", "Breakout", "Enduro", "Hero", "MontezumaRevenge", "Pong", "PrivateEye",
+               "Qbert", "Seaquest", "SpaceInvaders")
+
+
+@dataclasses.dataclass(frozen=True)
+class MujocoTask:
+    env_id: str
+    segment_length: int  # ~1.5 s of simulated time (A.1: "15 to 60 timesteps depending on the task")
+    on_terminate: str  # "continue": runs on outside the healthy range; "reset": envpool must reset
+    terminal_penalty: float
+    render_info: tuple[str, ...]  # info fields a clip renderer needs besides the observation
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+# Segment lengths: ceil(1.5 s / (timestep · frame_skip)) capped at 60 (A.1's range is 15–60);
+# Reacher's whole episode is 50 steps (1 s), so its clips are half an episode.
+MUJOCO_TASKS: dict[str, MujocoTask] = {
+    "Hopper": MujocoTask("Hopper-v4", 60, "continue", -1.0, ("x_position",),
+                         (("terminate_when_unhealthy", False), ("ctrl_cost_weight", 0.0))),
+    "Walker2d": MujocoTask("Walker2d-v4", 60, "continue", -1.0, ("x_position",),
+                           (("terminate_when_unhealthy", False), ("ctrl_cost_weight", 0.0))),
+    "Ant": MujocoTask("Ant-v4", 30, "continue", -1.0, ("x_position", "y_position"),
+                      (("terminate_when_unhealthy", False), ("ctrl_cost_weight", 0.0),
+                       ("contact_cost_weight", 0.0))),
+    "HalfCheetah": MujocoTask("HalfCheetah-v4", 30, "continue", 0.0, ("x_position",),
+                              (("ctrl_cost_weight", 0.0),)),
+    "Swimmer": MujocoTask("Swimmer-v4", 38, "continue", 0.0, ("x_position", "y_position"),
+                          (("ctrl_cost_weight", 0.0),)),
+    "Reacher": MujocoTask("Reacher-v4", 25, "continue", 0.0, (), (("ctrl_cost_weight", 0.0),)),
+    "InvertedPendulum": MujocoTask("InvertedPendulum-v4", 38, "reset", -10.0, ()),
+    "InvertedDoublePendulum": MujocoTask("InvertedDoublePendulum-v4", 30, "reset", -10.0, ()),
+}
+# Christiano's names for the two pendulum tasks
+MUJOCO_ALIASES = {"pendulum": "InvertedPendulum", "double pendulum": "InvertedDoublePendulum",
+                  "double_pendulum": "InvertedDoublePendulum"}
+
+
+def supported_envs() -> list[str]:
+    return sorted(ATARI_GAMES) + sorted(MUJOCO_TASKS)
+
+
+def is_envpool_env(name: str) -> bool:
+    return _canonical(name) is not None
+
+
+def _canonical(name: str) -> tuple[str, str] | None:
+    """'Pong', 'Pong-v5', 'PongNoFrameskip-v4' -> ('atari', 'Pong'); 'Hopper-v4', 'pendulum' -> ('mujoco', ...)."""
+    base = name.split("-v")[0].replace("NoFrameskip", "")
+    base = MUJOCO_ALIASES.get(name.lower(), MUJOCO_ALIASES.get(base.lower(), base))
+    if base in ATARI_GAMES:
+        return "atari", base
+    if base in MUJOCO_TASKS:
+        return "mujoco", base
+    return None
+
+
+def healthy(task: str, obs: np.ndarray) -> np.ndarray:
+    """Gym v4's healthy range, from the observation (which excludes the root x position).
+
+    [N, obs_dim] -> [N] bool.  Tasks without a healthy range are always healthy.
+    """
+    obs = np.asarray(obs)
+    finite = np.all(np.isfinite(obs), axis=-1)
+    if task == "Hopper":  # obs = qpos[1:] (z, angle, 3 joints), qvel (6)
+        z, angle = obs[..., 0], obs[..., 1]
+        return (finite & np.all(np.abs(obs[..., 1:]) < 100.0, axis=-1) & (z > 0.7)
+                & (angle > -0.2) & (angle < 0.2))
+    if task == "Walker2d":
+        z, angle = obs[..., 0], obs[..., 1]
+        return finite & (z > 0.8) & (z < 2.0) & (angle > -1.0) & (angle < 1.0)
+    if task == "Ant":  # obs[0] = torso z
+        z = obs[..., 0]
+        return finite & (z >= 0.2) & (z <= 1.0)
+    if task == "InvertedPendulum":  # obs = qpos (cart x, pole angle), qvel
+        return finite & (np.abs(obs[..., 1]) <= 0.2)
+    if task == "InvertedDoublePendulum":  # obs = x, sin q1, sin q2, cos q1, cos q2, ...; tip height
+        q1 = np.arctan2(obs[..., 1], obs[..., 3])
+        q2 = np.arctan2(obs[..., 2], obs[..., 4])
+        y = 0.6 * np.cos(q1) + 0.6 * np.cos(q1 + q2)
+        return finite & (y > 1.0)
+    return finite
+
+
+class EnvpoolVecEnv:
+    """A batch of envpool environments with the papers' modifications; see the module docstring."""
+
+    def __init__(self, name: str, num_envs: int, seed: int = 0, backend: str = "auto",
+                 num_threads: int = 0, **overrides: Any):
+        import envpool  # local: heavy import, and only needed for these tasks
+
+        found = _canonical(name)
+        if found is None:
+            raise ValueError(f"Unknown environment {name!r}. Supported envpool tasks: {', '.join(supported_envs())}.")
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.domain, self.task = found
+        self.num_envs = int(num_envs)
+        if backend not in ("auto", "xla", "callback"):
+            raise ValueError(f"backend must be 'auto', 'xla' or 'callback', got {backend!r}")
+        common = dict(env_type="gymnasium", num_envs=self.num_envs, batch_size=self.num_envs, seed=int(seed),
+                      num_threads=int(num_threads))
+        if self.domain == "atari":
+            opts = dict(
+                noop_max=int(overrides.pop("noop_max", 30)),  # Christiano A.2; Ibarz A.1: 90
+                full_action_space=bool(overrides.pop("full_action_space", False)),  # Ibarz: all 18
+                clip_oracle_reward=bool(overrides.pop("clip_oracle_reward", True)),  # A.2 clips to [-1, 1]
+                terminal_penalty=float(overrides.pop("terminal_penalty", 0.0 if self.task == "Pong" else -10.0)),
+                segment_length=int(overrides.pop("segment_length", 25)),  # A.2: 25 steps (1.7 s)
+                reward_std=float(overrides.pop("reward_std", 0.05)),  # A.2
+            )
+            if overrides:
+                raise ValueError(f"Unknown Atari options {sorted(overrides)}")
+            self.options = opts
+            self._env = envpool.make(
+                f"{self.task}-v5", **common, img_height=84, img_width=84, gray_scale=True, stack_num=4,
+                frame_skip=4, noop_max=opts["noop_max"], repeat_action_probability=0.0, episodic_life=False,
+                zero_discount_on_life_loss=False, reward_clip=False, full_action_space=opts["full_action_space"],
+                max_episode_steps=27000)
+            n_act = int(self._env.action_space.n)
+            from rlhp_jax import atari_masks
+
+            self._mask = np.asarray(atari_masks.mask_array(self.task, 84, 84))  # [84, 84] bool: True = blank
+            self.spec = EnvSpec(name=self.task, obs_shape=(84, 84, 4), discrete=True, num_actions=n_act,
+                                action_low=None, action_high=None, horizon=27000,
+                                terminal_penalty=opts["terminal_penalty"], segment_length=opts["segment_length"],
+                                reward_std=opts["reward_std"], on_terminate="reset")
+            self.render_fields: tuple[str, ...] = ()
+            self.backend = "xla" if backend == "auto" else backend
+        else:
+            task = MUJOCO_TASKS[self.task]
+            penalty = float(overrides.pop("terminal_penalty", task.terminal_penalty))
+            seg = int(overrides.pop("segment_length", task.segment_length))
+            if overrides:
+                raise ValueError(f"Unknown MuJoCo options {sorted(overrides)}")
+            self.options = dict(terminal_penalty=penalty, segment_length=seg)
+            self._task = task
+            self._env = envpool.make(task.env_id, **common, **dict(task.options))
+            cfg = envpool.make_spec(task.env_id).config
+            space = self._env.action_space
+            self.spec = EnvSpec(name=self.task, obs_shape=tuple(self._env.observation_space.shape), discrete=False,
+                                num_actions=int(space.shape[0]),
+                                action_low=tuple(float(x) for x in space.low),
+                                action_high=tuple(float(x) for x in space.high),
+                                horizon=int(cfg.max_episode_steps), terminal_penalty=penalty, segment_length=seg,
+                                reward_std=1.0, on_terminate=task.on_terminate)
+            self.render_fields = task.render_info
+            if backend == "xla":
+                raise ValueError("MuJoCo tasks step through the callback backend: envpool's XLA handle "
+                                 "needs float64 actions (x64 for the whole program).")
+            self.backend = "callback"
+        self._xla = self._env.xla() if self.backend == "xla" else None
+        self._env_ids = np.arange(self.num_envs, dtype=np.int32)
+
+    # ------------------------------------------------------------------ raw envpool -> StepOut
+    def _obs(self, obs):
+        """Agent observation: Atari [N, 4, 84, 84] -> masked, channel-last [N, 84, 84, 4]."""
+        if self.domain == "atari":
+            obs = jnp.where(self._mask[None, None], jnp.uint8(0), jnp.asarray(obs))
+            return jnp.transpose(obs, (0, 2, 3, 1))
+        return jnp.asarray(obs, jnp.float32)
+
+    def _convert(self, obs, rew, term, trunc, info):
+        """envpool step outputs (numpy or traced) -> StepOut, the papers' rules applied."""
+        valid = jnp.asarray(info["elapsed_step"]) > 0  # deferred reset: elapsed_step back to 0
+        term = jnp.asarray(term, bool)
+        trunc = jnp.asarray(trunc, bool)
+        rew = jnp.asarray(rew, jnp.float32)
+        if self.domain == "atari":
+            oracle = jnp.clip(rew, -1.0, 1.0) if self.options["clip_oracle_reward"] else rew
+            terminated = term  # game over (life loss never ends an episode here)
+            true_reward = oracle + jnp.where(terminated, self.spec.terminal_penalty, 0.0)
+            boundary = jnp.zeros_like(term)  # one continuous episode
+            render = jnp.zeros((self.num_envs, 0), jnp.float32)
+        else:
+            if self._task.on_terminate == "continue":
+                out = ~jnp.asarray(info["healthy"], bool)
+                terminated = jnp.asarray(info["left_range"], bool)
+                true_reward = rew + jnp.where(out, self.spec.terminal_penalty, 0.0)
+            else:
+                terminated = term
+                true_reward = rew + jnp.where(term, self.spec.terminal_penalty, 0.0)
+            boundary = trunc & ~term
+            render = (jnp.stack([jnp.asarray(info[f], jnp.float32) for f in self.render_fields], -1)
+                      if self.render_fields else jnp.zeros((self.num_envs, 0), jnp.float32))
+        true_reward = jnp.where(valid, true_reward, 0.0)
+        return StepOut(obs=self._obs(obs), true_reward=true_reward, terminated=terminated & valid,
+                       boundary=boundary & valid, raw_reward=rew, valid=valid, render=render)
+
+    # ------------------------------------------------------------------ host side (callback)
+    def _host_step(self, action):
+        action = np.asarray(action)
+        if self.domain == "mujoco":
+            action = action.astype(np.float64)
+        obs, rew, term, trunc, info = self._env.step(action, self._env_ids)
+        return self._host_pack(obs, rew, term, trunc, info)
+
+    def _host_pack(self, obs, rew, term, trunc, info):
+        fields = dict(elapsed_step=np.asarray(info["elapsed_step"], np.int32))
+        if self.domain == "mujoco":
+            for f in self.render_fields:
+                fields[f] = np.asarray(info[f], np.float32)
+            if self._task.on_terminate == "continue":
+                ok = healthy(self.task, obs)
+                new_episode = np.asarray(info["elapsed_step"]) == 0
+                fields["healthy"] = ok | new_episode
+                # the step on which the task would have ended (first step out of range)
+                fields["left_range"] = ~ok & ~self._was_out & ~new_episode
+                self._was_out = (~ok) & ~new_episode
+            obs = np.asarray(obs, np.float32)
+        return (obs, np.asarray(rew, np.float32), np.asarray(term, bool), np.asarray(trunc, bool), fields)
+
+    def _host_shapes(self):
+        n = self.num_envs
+        obs = jax.ShapeDtypeStruct((n, *self._raw_obs_shape()), jnp.uint8 if self.domain == "atari" else jnp.float32)
+        vec = lambda dt: jax.ShapeDtypeStruct((n,), dt)
+        info = dict(elapsed_step=vec(jnp.int32))
+        if self.domain == "mujoco":
+            for f in self.render_fields:
+                info[f] = vec(jnp.float32)
+            if self._task.on_terminate == "continue":
+                info["healthy"] = vec(jnp.bool_)
+                info["left_range"] = vec(jnp.bool_)
+        return (obs, vec(jnp.float32), vec(jnp.bool_), vec(jnp.bool_), info)
+
+    def _raw_obs_shape(self):
+        return (4, 84, 84) if self.domain == "atari" else self.spec.obs_shape
+
+    # ------------------------------------------------------------------ the protocol
+    def reset(self, key: jax.Array | None = None):
+        """Reset every environment (host side, outside jit). The key is unused: envpool seeds
+        itself from ``seed`` at construction."""
+        obs, info = self._env.reset(self._env_ids)
+        self._was_out = np.zeros(self.num_envs, bool)
+        if self.backend == "xla":
+            state = self._xla[0]
+        else:
+            state = jnp.zeros((), jnp.int32)
+        return state, self._obs(np.asarray(obs, np.float32) if self.domain == "mujoco" else obs)
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array):
+        if self.backend == "xla":
+            _, _, _, xla_step = self._xla
+            handle, (obs, rew, term, trunc, info) = xla_step(state, jnp.asarray(action, jnp.int32),
+                                                             jnp.asarray(self._env_ids))
+            return handle, self._convert(obs, rew, term, trunc, info)
+        out = jax.experimental.io_callback(self._host_step, self._host_shapes(), action, ordered=True)
+        return state + 1, self._convert(*out)
+
+    # clips: Atari frames are the observation's newest channel; MuJoCo needs ``render_fields``
+    @property
+    def fps(self) -> float:
+        if self.domain == "atari":
+            return 15.0  # 60 Hz emulator, frame skip 4
+        return 1.0 / self._timestep()
+
+    def _timestep(self) -> float:
+        return float(self._env.spec.config.frame_skip) * self._model_timestep()
+
+    def _model_timestep(self) -> float:
+        # <option timestep> of each task's XML in envpool's assets (gym v4 models)
+        dts = {"Hopper": 0.002, "Walker2d": 0.002, "Ant": 0.01, "HalfCheetah": 0.01, "Swimmer": 0.01,
+               "Reacher": 0.01, "InvertedPendulum": 0.02, "InvertedDoublePendulum": 0.01}
+        return dts[self.task]
+

@@ -1,0 +1,127 @@
+"""The papers' envpool environments behind the common protocol: MuJoCo (A.1) and Atari (A.2).
+
+Rollouts use a uniformly random policy (no network to compile) and are shared per task
+through module-scoped fixtures; every check reads real envpool transitions.
+"""
+
+from __future__ import annotations
+
+import envpool
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhp_jax import queries
+from rlhp_jax.envpool_envs import EnvpoolVecEnv, healthy
+from rlhp_jax.envs import make_env
+from rlhp_jax.rollout import collect_rollout
+
+
+def random_policy(spec):
+    def policy(params, obs, key):
+        n = obs.shape[0]
+        if spec.discrete:
+            a = jax.random.randint(key, (n,), 0, spec.num_actions, jnp.int32)
+        else:
+            a = jax.random.uniform(key, (n, spec.num_actions), jnp.float32, -1.0, 1.0)
+        return a, jnp.zeros(n), jnp.zeros(n)
+
+    return policy
+
+
+def rollout(name, num_envs, steps, seed=0, **kw):
+    env = make_env(name, num_envs, seed=seed, **kw)
+    state, obs = env.reset(jax.random.key(0))
+    _, _, ro = collect_rollout(env, random_policy(env.spec), None, state, obs, jax.random.key(seed), steps)
+    return env, jax.tree.map(np.asarray, ro)
+
+
+# ------------------------------------------------------------------ MuJoCo (Christiano A.1)
+@pytest.fixture(scope="module")
+def hopper():
+    return rollout("Hopper", 3, 1004)
+
+
+def test_mujoco_episodes_have_fixed_length_and_the_agent_sees_no_termination(hopper):
+    env, ro = hopper
+    assert env.spec.horizon == 1000 and env.spec.on_terminate == "continue"
+    # the only boundary is the time limit, on every env at the same step
+    np.testing.assert_array_equal(np.argwhere(ro.boundary)[:, 0], [999] * 3)
+    # random Hopper falls early, yet the episode runs on to step 1000
+    assert ro.terminated[:999].any(axis=0).all()
+    # envpool's deferred reset right after the boundary: flagged, and no reward for the oracle
+    np.testing.assert_array_equal(np.argwhere(~ro.valid)[:, 0], [1000] * 3)
+    assert np.all(ro.true_reward[1000] == 0)
+
+
+def test_mujoco_penalty_exactly_when_outside_the_healthy_range(hopper):
+    env, ro = hopper
+    steps = slice(0, 1000)
+    out = ~healthy("Hopper", ro.obs[1:1001].reshape(-1, 11)).reshape(1000, 3)  # obs after each step
+    penalty = ro.true_reward[steps] - ro.raw_reward[steps]
+    np.testing.assert_allclose(penalty, np.where(out, env.spec.terminal_penalty, 0.0), atol=1e-6)
+    assert out.mean() > 0.5  # random Hopper spends most of the episode fallen
+    # `terminated` marks the step the original task would have ended: first step out of range
+    first_out = out & ~np.concatenate([np.zeros((1, 3), bool), out[:-1]])
+    np.testing.assert_array_equal(ro.terminated[steps], first_out)
+
+
+def test_mujoco_true_reward_is_forward_progress_without_control_cost():
+    """HalfCheetah: reward = Δx / dt (x from the rebuilt render data), whatever the torques."""
+    env, ro = rollout("HalfCheetah", 2, 60)
+    x = ro.render[..., 0]
+    dt = 0.01 * 5
+    both_valid = ro.valid[1:] & ro.valid[:-1]
+    np.testing.assert_allclose(ro.raw_reward[1:][both_valid], ((x[1:] - x[:-1]) / dt)[both_valid],
+                               rtol=1e-3, atol=1e-3)
+    assert np.abs(ro.action).mean() > 0.4  # large random torques, yet no control cost
+    np.testing.assert_array_equal(ro.true_reward, ro.raw_reward)  # no healthy range: no penalty
+
+
+def test_healthy_range_matches_envpool_termination():
+    """Our healthy() says 'out' exactly when envpool's own terminating Hopper/Walker2d end."""
+    for task, dim in (("Hopper", 3), ("Walker2d", 6)):
+        e = envpool.make(f"{task}-v4", env_type="gymnasium", num_envs=4, seed=3)
+        e.reset()
+        rng = np.random.default_rng(0)
+        ends = 0
+        for _ in range(300):
+            obs, _, term, trunc, info = e.step(rng.uniform(-1, 1, (4, dim)))
+            live = np.asarray(info["elapsed_step"]) > 0
+            np.testing.assert_array_equal(~healthy(task, obs)[live], term[live])
+            ends += int(term.sum())
+        assert ends > 0, task
+
+
+def test_pendulum_falls_reset_silently_with_one_penalty():
+    env, ro = rollout("pendulum", 2, 200)
+    assert env.task == "InvertedPendulum" and env.spec.on_terminate == "reset"
+    t, n = np.nonzero(ro.terminated)
+    assert len(t) >= 4  # a random cart drops the pole within a few dozen steps
+    np.testing.assert_allclose(ro.true_reward[t, n] - ro.raw_reward[t, n], env.spec.terminal_penalty)
+    assert not ro.boundary.any()  # the agent is not told
+    # the step after each fall is envpool's deferred reset, and nothing else is invalid
+    expected = np.zeros_like(ro.valid)
+    expected[t[t + 1 < 200] + 1, n[t + 1 < 200]] = True
+    np.testing.assert_array_equal(~ro.valid, expected)
+
+
+def test_segments_never_contain_the_deferred_reset_step():
+    _, ro = rollout("pendulum", 2, 200)
+    length = 5
+    starts = np.asarray(queries.valid_segment_starts(ro.boundary, length, excluded=~ro.valid))
+    windows = np.lib.stride_tricks.sliding_window_view(~ro.valid, length, axis=0)  # [S, N, L]
+    np.testing.assert_array_equal(starts, ~windows.any(-1))
+    assert (~starts).any() and starts.any()
+
+
+def test_bad_envpool_settings_raise():
+    with pytest.raises(ValueError, match="Unknown environment 'Hoper'"):
+        make_env("Hoper", 2)
+    with pytest.raises(ValueError, match="float64"):
+        EnvpoolVecEnv("Hopper", 2, backend="xla")
+    with pytest.raises(ValueError, match="Unknown MuJoCo options"):
+        EnvpoolVecEnv("Hopper", 2, colour="red")
+    with pytest.raises(ValueError, match="num_envs"):
+        EnvpoolVecEnv("Hopper", 0)
