@@ -28,12 +28,12 @@ Both
   action and returns the new episode's first observation with reward 0.  It is flagged
   ``StepOut.valid = False`` and must never enter a segment or an agent's loss.
 
-Stepping: ``backend="xla"`` steps through envpool's XLA custom call inside the compiled
-program; ``backend="callback"`` calls envpool's C++ ``step`` from the program through
-``jax.experimental.io_callback``.  MuJoCo always uses the callback because envpool's XLA
-handle demands float64 actions, which would mean enabling x64 for the whole program; the
-callback converts float32 actions on the host.  Atari's default is whichever the benchmark in
-``BUILD_NOTES.md`` measured faster.
+Stepping: ``backend="xla"`` (default) steps through envpool's XLA custom call inside the
+compiled program; ``backend="callback"`` calls envpool's C++ ``step`` from the program through
+``jax.experimental.io_callback`` (slower: ~50 µs of callback overhead per batched step, see
+``BUILD_NOTES.md``).  envpool's MuJoCo XLA step demands float64 actions: x64 is switched on
+only around that one call (``jax.enable_x64``), the rest of the program stays float32.  The
+XLA interface itself must be created under x64 too (see ``__init__``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from rlhp_jax.envs import EnvSpec, StepOut
 
@@ -105,16 +106,17 @@ def _canonical(name: str) -> tuple[str, str] | None:
     return None
 
 
-def healthy(task: str, obs: np.ndarray) -> np.ndarray:
+def healthy(task: str, obs) -> jax.Array:
     """Gym v4's healthy range, from the observation (which excludes the root x position).
 
-    [N, obs_dim] -> [N] bool.  Tasks without a healthy range are always healthy.
+    [N, obs_dim] -> [N] bool (jit-safe; numpy input works too).  Tasks without a healthy range
+    are always healthy.
     """
-    obs = np.asarray(obs)
-    finite = np.all(np.isfinite(obs), axis=-1)
+    obs = jnp.asarray(obs)
+    finite = jnp.all(jnp.isfinite(obs), axis=-1)
     if task == "Hopper":  # obs = qpos[1:] (z, angle, 3 joints), qvel (6)
         z, angle = obs[..., 0], obs[..., 1]
-        return (finite & np.all(np.abs(obs[..., 1:]) < 100.0, axis=-1) & (z > 0.7)
+        return (finite & jnp.all(jnp.abs(obs[..., 1:]) < 100.0, axis=-1) & (z > 0.7)
                 & (angle > -0.2) & (angle < 0.2))
     if task == "Walker2d":
         z, angle = obs[..., 0], obs[..., 1]
@@ -123,13 +125,27 @@ def healthy(task: str, obs: np.ndarray) -> np.ndarray:
         z = obs[..., 0]
         return finite & (z >= 0.2) & (z <= 1.0)
     if task == "InvertedPendulum":  # obs = qpos (cart x, pole angle), qvel
-        return finite & (np.abs(obs[..., 1]) <= 0.2)
+        return finite & (jnp.abs(obs[..., 1]) <= 0.2)
     if task == "InvertedDoublePendulum":  # obs = x, sin q1, sin q2, cos q1, cos q2, ...; tip height
-        q1 = np.arctan2(obs[..., 1], obs[..., 3])
-        q2 = np.arctan2(obs[..., 2], obs[..., 4])
-        y = 0.6 * np.cos(q1) + 0.6 * np.cos(q1 + q2)
+        q1 = jnp.arctan2(obs[..., 1], obs[..., 3])
+        q2 = jnp.arctan2(obs[..., 2], obs[..., 4])
+        y = 0.6 * jnp.cos(q1) + 0.6 * jnp.cos(q1 + q2)
         return finite & (y > 1.0)
     return finite
+
+
+def _to_32(x):
+    if x.dtype == jnp.float64:
+        return x.astype(jnp.float32)
+    if x.dtype == jnp.int64:
+        return x.astype(jnp.int32)
+    return x
+
+
+@struct.dataclass
+class EnvpoolState:
+    token: jax.Array  # envpool's XLA handle, or a step counter for the callback backend
+    was_out: jax.Array  # [N] bool, MuJoCo: outside the healthy range after the previous step
 
 
 class EnvpoolVecEnv:
@@ -162,15 +178,18 @@ class EnvpoolVecEnv:
             if overrides:
                 raise ValueError(f"Unknown Atari options {sorted(overrides)}")
             self.options = opts
-            self._env = envpool.make(
-                f"{self.task}-v5", **common, img_height=84, img_width=84, gray_scale=True, stack_num=4,
-                frame_skip=4, noop_max=opts["noop_max"], repeat_action_probability=0.0, episodic_life=False,
+            # every option the papers fix is set explicitly (envpool's defaults change between versions)
+            self.envpool_id = f"{self.task}-v5"
+            self.envpool_kwargs = dict(
+                common, img_height=84, img_width=84, gray_scale=True, stack_num=4, frame_skip=4,
+                noop_max=opts["noop_max"], repeat_action_probability=0.0, episodic_life=False,
                 zero_discount_on_life_loss=False, reward_clip=False, full_action_space=opts["full_action_space"],
-                max_episode_steps=27000)
+                use_fire_reset=True, max_episode_steps=27000)
+            self._env = envpool.make(self.envpool_id, **self.envpool_kwargs)
             n_act = int(self._env.action_space.n)
             from rlhp_jax import atari_masks
 
-            self._mask = np.asarray(atari_masks.mask_array(self.task, 84, 84))  # [84, 84] bool: True = blank
+            self._mask = np.asarray(atari_masks.boolean_mask(self.task, 84, 84))  # [84, 84] bool: True = blank
             self.spec = EnvSpec(name=self.task, obs_shape=(84, 84, 4), discrete=True, num_actions=n_act,
                                 action_low=None, action_high=None, horizon=27000,
                                 terminal_penalty=opts["terminal_penalty"], segment_length=opts["segment_length"],
@@ -185,7 +204,9 @@ class EnvpoolVecEnv:
                 raise ValueError(f"Unknown MuJoCo options {sorted(overrides)}")
             self.options = dict(terminal_penalty=penalty, segment_length=seg)
             self._task = task
-            self._env = envpool.make(task.env_id, **common, **dict(task.options))
+            self.envpool_id = task.env_id
+            self.envpool_kwargs = dict(common, **dict(task.options))
+            self._env = envpool.make(task.env_id, **self.envpool_kwargs)
             cfg = envpool.make_spec(task.env_id).config
             space = self._env.action_space
             self.spec = EnvSpec(name=self.task, obs_shape=tuple(self._env.observation_space.shape), discrete=False,
@@ -195,11 +216,15 @@ class EnvpoolVecEnv:
                                 horizon=int(cfg.max_episode_steps), terminal_penalty=penalty, segment_length=seg,
                                 reward_std=1.0, on_terminate=task.on_terminate)
             self.render_fields = task.render_info
-            if backend == "xla":
-                raise ValueError("MuJoCo tasks step through the callback backend: envpool's XLA handle "
-                                 "needs float64 actions (x64 for the whole program).")
-            self.backend = "callback"
-        self._xla = self._env.xla() if self.backend == "xla" else None
+            self.backend = "xla" if backend == "auto" else backend
+        if self.backend == "xla":
+            # envpool computes the custom call's output types when xla() is called; under JAX's
+            # default x32 its float64 outputs (MuJoCo obs, reward, info) are declared float32
+            # while the C++ side writes float64: heap corruption.  So build it under x64.
+            with jax.enable_x64(True):
+                self._xla = self._env.xla()
+        else:
+            self._xla = None
         self._env_ids = np.arange(self.num_envs, dtype=np.int32)
 
     # ------------------------------------------------------------------ raw envpool -> StepOut
@@ -210,32 +235,33 @@ class EnvpoolVecEnv:
             return jnp.transpose(obs, (0, 2, 3, 1))
         return jnp.asarray(obs, jnp.float32)
 
-    def _convert(self, obs, rew, term, trunc, info):
-        """envpool step outputs (numpy or traced) -> StepOut, the papers' rules applied."""
+    def _convert(self, was_out, obs, rew, term, trunc, info):
+        """envpool step outputs -> (StepOut, was_out), the papers' rules applied (jit-safe)."""
         valid = jnp.asarray(info["elapsed_step"]) > 0  # deferred reset: elapsed_step back to 0
         term = jnp.asarray(term, bool)
         trunc = jnp.asarray(trunc, bool)
         rew = jnp.asarray(rew, jnp.float32)
+        obs = self._obs(obs)
         if self.domain == "atari":
             oracle = jnp.clip(rew, -1.0, 1.0) if self.options["clip_oracle_reward"] else rew
             terminated = term  # game over (life loss never ends an episode here)
             true_reward = oracle + jnp.where(terminated, self.spec.terminal_penalty, 0.0)
             boundary = jnp.zeros_like(term)  # one continuous episode
-            render = jnp.zeros((self.num_envs, 0), jnp.float32)
-        else:
-            if self._task.on_terminate == "continue":
-                out = ~jnp.asarray(info["healthy"], bool)
-                terminated = jnp.asarray(info["left_range"], bool)
-                true_reward = rew + jnp.where(out, self.spec.terminal_penalty, 0.0)
-            else:
-                terminated = term
-                true_reward = rew + jnp.where(term, self.spec.terminal_penalty, 0.0)
+        elif self._task.on_terminate == "continue":
+            out = ~healthy(self.task, obs) & valid
+            terminated = out & ~was_out  # the step on which the original task would have ended
+            true_reward = rew + jnp.where(out, self.spec.terminal_penalty, 0.0)
+            was_out = out
             boundary = trunc & ~term
-            render = (jnp.stack([jnp.asarray(info[f], jnp.float32) for f in self.render_fields], -1)
-                      if self.render_fields else jnp.zeros((self.num_envs, 0), jnp.float32))
-        true_reward = jnp.where(valid, true_reward, 0.0)
-        return StepOut(obs=self._obs(obs), true_reward=true_reward, terminated=terminated & valid,
-                       boundary=boundary & valid, raw_reward=rew, valid=valid, render=render)
+        else:
+            terminated = term
+            true_reward = rew + jnp.where(term, self.spec.terminal_penalty, 0.0)
+            boundary = trunc & ~term
+        render = (jnp.stack([jnp.asarray(info[f], jnp.float32) for f in self.render_fields], -1)
+                  if self.render_fields else jnp.zeros((self.num_envs, 0), jnp.float32))
+        out = StepOut(obs=obs, true_reward=jnp.where(valid, true_reward, 0.0), terminated=terminated & valid,
+                      boundary=boundary & valid, raw_reward=rew, valid=valid, render=render)
+        return out, was_out
 
     # ------------------------------------------------------------------ host side (callback)
     def _host_step(self, action):
@@ -243,34 +269,17 @@ class EnvpoolVecEnv:
         if self.domain == "mujoco":
             action = action.astype(np.float64)
         obs, rew, term, trunc, info = self._env.step(action, self._env_ids)
-        return self._host_pack(obs, rew, term, trunc, info)
-
-    def _host_pack(self, obs, rew, term, trunc, info):
         fields = dict(elapsed_step=np.asarray(info["elapsed_step"], np.int32))
-        if self.domain == "mujoco":
-            for f in self.render_fields:
-                fields[f] = np.asarray(info[f], np.float32)
-            if self._task.on_terminate == "continue":
-                ok = healthy(self.task, obs)
-                new_episode = np.asarray(info["elapsed_step"]) == 0
-                fields["healthy"] = ok | new_episode
-                # the step on which the task would have ended (first step out of range)
-                fields["left_range"] = ~ok & ~self._was_out & ~new_episode
-                self._was_out = (~ok) & ~new_episode
-            obs = np.asarray(obs, np.float32)
-        return (obs, np.asarray(rew, np.float32), np.asarray(term, bool), np.asarray(trunc, bool), fields)
+        for f in self.render_fields:
+            fields[f] = np.asarray(info[f], np.float32)
+        obs = np.asarray(obs, np.uint8 if self.domain == "atari" else np.float32)
+        return obs, np.asarray(rew, np.float32), np.asarray(term, bool), np.asarray(trunc, bool), fields
 
     def _host_shapes(self):
         n = self.num_envs
         obs = jax.ShapeDtypeStruct((n, *self._raw_obs_shape()), jnp.uint8 if self.domain == "atari" else jnp.float32)
         vec = lambda dt: jax.ShapeDtypeStruct((n,), dt)
-        info = dict(elapsed_step=vec(jnp.int32))
-        if self.domain == "mujoco":
-            for f in self.render_fields:
-                info[f] = vec(jnp.float32)
-            if self._task.on_terminate == "continue":
-                info["healthy"] = vec(jnp.bool_)
-                info["left_range"] = vec(jnp.bool_)
+        info = dict(elapsed_step=vec(jnp.int32), **{f: vec(jnp.float32) for f in self.render_fields})
         return (obs, vec(jnp.float32), vec(jnp.bool_), vec(jnp.bool_), info)
 
     def _raw_obs_shape(self):
@@ -280,22 +289,28 @@ class EnvpoolVecEnv:
     def reset(self, key: jax.Array | None = None):
         """Reset every environment (host side, outside jit). The key is unused: envpool seeds
         itself from ``seed`` at construction."""
-        obs, info = self._env.reset(self._env_ids)
-        self._was_out = np.zeros(self.num_envs, bool)
-        if self.backend == "xla":
-            state = self._xla[0]
-        else:
-            state = jnp.zeros((), jnp.int32)
+        obs, _ = self._env.reset(self._env_ids)
+        token = self._xla[0] if self.backend == "xla" else jnp.zeros((), jnp.int32)
+        state = EnvpoolState(token=jnp.asarray(token), was_out=jnp.zeros(self.num_envs, bool))
         return state, self._obs(np.asarray(obs, np.float32) if self.domain == "mujoco" else obs)
 
-    def step(self, key: jax.Array, state: Any, action: jax.Array):
+    def step(self, key: jax.Array, state: "EnvpoolState", action: jax.Array):
         if self.backend == "xla":
-            _, _, _, xla_step = self._xla
-            handle, (obs, rew, term, trunc, info) = xla_step(state, jnp.asarray(action, jnp.int32),
-                                                             jnp.asarray(self._env_ids))
-            return handle, self._convert(obs, rew, term, trunc, info)
-        out = jax.experimental.io_callback(self._host_step, self._host_shapes(), action, ordered=True)
-        return state + 1, self._convert(*out)
+            xla_step = self._xla[3]
+            ids = jnp.asarray(self._env_ids)
+            act = jnp.asarray(action, jnp.int32) if self.domain == "atari" else jnp.asarray(action)
+            # x64 only around this call (MuJoCo wants float64 actions and returns float64)
+            with jax.enable_x64(True):
+                if self.domain == "mujoco":
+                    act = act.astype(jnp.float64)
+                token, raw = xla_step(state.token, act, ids)
+                raw = jax.tree.map(_to_32, raw)
+        else:
+            raw = jax.experimental.io_callback(self._host_step, self._host_shapes(), action, ordered=True)
+            token = state.token + 1
+        obs, rew, term, trunc, info = raw
+        out, was_out = self._convert(state.was_out, obs, rew, term, trunc, info)
+        return EnvpoolState(token=token, was_out=was_out), out
 
     # clips: Atari frames are the observation's newest channel; MuJoCo needs ``render_fields``
     @property

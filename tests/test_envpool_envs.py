@@ -67,9 +67,11 @@ def test_mujoco_penalty_exactly_when_outside_the_healthy_range(hopper):
     np.testing.assert_array_equal(ro.terminated[steps], first_out)
 
 
-def test_mujoco_true_reward_is_forward_progress_without_control_cost():
-    """HalfCheetah: reward = Δx / dt (x from the rebuilt render data), whatever the torques."""
-    env, ro = rollout("HalfCheetah", 2, 60)
+@pytest.mark.parametrize("backend", ["xla", "callback"])
+def test_mujoco_true_reward_is_forward_progress_without_control_cost(backend):
+    """HalfCheetah: reward = Δx / dt (x from the render data), whatever the torques; both backends."""
+    env, ro = rollout("HalfCheetah", 2, 60, backend=backend)
+    assert env.backend == backend
     x = ro.render[..., 0]
     dt = 0.01 * 5
     both_valid = ro.valid[1:] & ro.valid[:-1]
@@ -119,9 +121,78 @@ def test_segments_never_contain_the_deferred_reset_step():
 def test_bad_envpool_settings_raise():
     with pytest.raises(ValueError, match="Unknown environment 'Hoper'"):
         make_env("Hoper", 2)
-    with pytest.raises(ValueError, match="float64"):
-        EnvpoolVecEnv("Hopper", 2, backend="xla")
+    with pytest.raises(ValueError, match="backend must be"):
+        EnvpoolVecEnv("Hopper", 2, backend="gpu")
     with pytest.raises(ValueError, match="Unknown MuJoCo options"):
         EnvpoolVecEnv("Hopper", 2, colour="red")
     with pytest.raises(ValueError, match="num_envs"):
         EnvpoolVecEnv("Hopper", 0)
+
+
+# ------------------------------------------------------------------ Atari (Christiano A.2, Ibarz A.1)
+def lockstep(name, num_envs, steps, seed=1, **kw):
+    """The wrapper and a raw envpool twin (same options and seed) fed the same random actions."""
+    env = EnvpoolVecEnv(name, num_envs, seed=seed, **kw)
+    twin = envpool.make(env.envpool_id, **env.envpool_kwargs)
+    state, obs = env.reset()
+    raw_obs, _ = twin.reset()
+    np.testing.assert_array_equal(np.asarray(obs), np.transpose(np.where(env._mask, 0, raw_obs), (0, 2, 3, 1)))
+    step = jax.jit(env.step)
+    actions = np.random.default_rng(seed).integers(0, env.spec.num_actions, (steps, num_envs)).astype(np.int32)
+    ours, raw = [], []
+    for a in actions:
+        state, out = step(jax.random.key(0), state, a)
+        ours.append(jax.tree.map(np.asarray, out))
+        o, r, term, trunc, info = twin.step(a)
+        raw.append(dict(obs=o, reward=r, term=term, trunc=trunc, lives=info["lives"], elapsed=info["elapsed_step"]))
+    stack = lambda xs: {k: np.stack([x[k] for x in xs]) for k in xs[0]}
+    return env, jax.tree.map(lambda *xs: np.stack(xs), *ours), stack(raw)
+
+
+@pytest.fixture(scope="module")
+def breakout():
+    return lockstep("Breakout", 2, 700)
+
+
+def test_atari_frames_are_the_masked_envpool_frames_channel_last(breakout):
+    env, ours, raw = breakout
+    assert ours.obs.shape == (700, 2, 84, 84, 4) and ours.obs.dtype == np.uint8
+    expected = np.transpose(np.where(env._mask, 0, raw["obs"]), (0, 1, 3, 4, 2))
+    np.testing.assert_array_equal(ours.obs, expected)
+    assert env._mask.any() and (raw["obs"][..., env._mask] > 0).any()  # the mask hides something real
+
+
+def test_atari_life_loss_and_game_over_never_reach_the_agent(breakout):
+    env, ours, raw = breakout
+    lost_life = raw["lives"][1:] < raw["lives"][:-1]
+    assert lost_life.sum() > raw["term"].sum() > 0  # several lives lost, and some games over
+    assert not ours.boundary.any()  # one continuous episode
+    np.testing.assert_array_equal(ours.terminated, raw["term"])  # game over only, never a life loss
+    # the oracle: clipped game reward, plus the penalty exactly on game over (not Pong)
+    assert env.spec.terminal_penalty < 0
+    np.testing.assert_allclose(ours.true_reward,
+                               np.clip(raw["reward"], -1, 1) + env.spec.terminal_penalty * raw["term"])
+    # the deferred reset after each game over is flagged and kept out of segments
+    np.testing.assert_array_equal(~ours.valid, raw["elapsed"] == 0)
+    assert (~ours.valid).sum() >= raw["term"][:-1].sum()
+
+
+def test_pong_game_over_carries_no_penalty():
+    env, ours, raw = lockstep("Pong", 1, 1100, seed=0)
+    assert env.spec.terminal_penalty == 0.0
+    assert raw["term"].any()  # a random player loses 21-0 within ~1000 steps
+    np.testing.assert_allclose(ours.true_reward, np.clip(raw["reward"], -1, 1))
+    assert not ours.boundary.any()
+
+
+def test_atari_options_follow_the_papers():
+    christiano = EnvpoolVecEnv("Pong", 1)
+    ibarz = EnvpoolVecEnv("PongNoFrameskip-v4", 1, noop_max=90, full_action_space=True)
+    assert christiano.spec.num_actions == 6 and ibarz.spec.num_actions == 18
+    for e, noops in ((christiano, 30), (ibarz, 90)):
+        kw = e.envpool_kwargs
+        assert kw["noop_max"] == noops and kw["frame_skip"] == 4 and kw["stack_num"] == 4
+        assert kw["repeat_action_probability"] == 0.0 and not kw["episodic_life"] and kw["gray_scale"]
+    assert christiano.spec.segment_length == 25 and christiano.spec.reward_std == 0.05
+    with pytest.raises(ValueError, match="Unknown Atari options"):
+        EnvpoolVecEnv("Pong", 1, sticky=0.25)
