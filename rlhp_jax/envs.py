@@ -95,6 +95,13 @@ _GYMNAX_TASKS: dict[str, dict[str, Any]] = {
     "Pendulum-v1": dict(horizon=200, terminal_penalty=0.0, segment_length=30, reward_std=1.0),
     "Acrobot-v1": dict(horizon=500, terminal_penalty=0.0, segment_length=25, reward_std=1.0),
     "MountainCarContinuous-v0": dict(horizon=999, terminal_penalty=0.0, segment_length=30, reward_std=1.0),
+    # MinAtar (pure-JAX Atari-likes, 10x10xC): as the Atari rule of A.2 — a game over resets
+    # silently and costs the oracle a penalty; clips of 25 steps.
+    "Asterix-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
+    "Breakout-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
+    "Freeway-MinAtar": dict(horizon=2500, terminal_penalty=0.0, segment_length=25, reward_std=1.0),
+    "Seaquest-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
+    "SpaceInvaders-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
 }
 
 

@@ -98,9 +98,12 @@ class RewardModelSpec:
 
 
 def reward_model_spec_for(env_spec, kind: str | None = None) -> RewardModelSpec:
-    """The paper's predictor for an environment: CNN for image observations, MLP otherwise."""
+    """The paper's predictor for an environment: the A.2 CNN for image observations large enough
+    for its four VALID convolutions (at least 43×43: Atari's 84×84), the A.1 MLP otherwise
+    (vectors, and small grids such as MinAtar's 10×10)."""
     if kind is None:
-        kind = "cnn" if len(env_spec.obs_shape) == 3 else "mlp"
+        shape = tuple(env_spec.obs_shape)
+        kind = "cnn" if len(shape) == 3 and min(shape[:2]) >= 43 else "mlp"
     return RewardModelSpec(
         kind=kind,
         obs_shape=tuple(env_spec.obs_shape),

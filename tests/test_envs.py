@@ -95,3 +95,24 @@ def test_obs_dtype_and_action_space_of_spec():
     assert spec.action_low == (-2.0,) and spec.action_high == (2.0,)
     spec = make_env("CartPole-v1", 1).spec
     assert spec.discrete and spec.action_shape == () and spec.action_dtype == jnp.int32
+
+
+def test_minatar_game_over_is_a_silent_reset_with_a_penalty():
+    env = make_env("Breakout-MinAtar", 2)
+    assert env.spec.obs_shape == (10, 10, 4) and env.spec.discrete and env.spec.on_terminate == "reset"
+    out = _run(env, steps=300)
+    t, n = np.nonzero(out.terminated)
+    assert len(t) >= 2  # random paddles lose the ball quickly
+    np.testing.assert_allclose(out.true_reward[t, n] - out.raw_reward[t, n], -10.0)
+    assert not out.boundary[t, n].any() and not out.boundary.any()  # horizon 1000 not reached
+    assert out.valid.all() and out.render.shape == (300, 2, 0)
+
+
+def test_reward_model_kind_follows_the_observation():
+    from rlhp_jax.envs import EnvSpec
+    from rlhp_jax.reward_models import reward_model_spec_for
+
+    spec = lambda shape: EnvSpec("x", shape, True, 4, None, None, 100, 0.0, 25, 1.0)
+    assert reward_model_spec_for(spec((84, 84, 4))).kind == "cnn"  # Atari: the A.2 CNN
+    assert reward_model_spec_for(spec((10, 10, 4))).kind == "mlp"  # MinAtar: too small for its convs
+    assert reward_model_spec_for(spec((11,))).kind == "mlp"
