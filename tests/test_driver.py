@@ -69,8 +69,3 @@ def test_bad_input_gives_clear_error(argv, message, capsys, tmp_path):
     assert message in err
     assert "Traceback" not in err
     assert not (tmp_path / "run").exists()
-
-
-def test_make_env_lists_supported_names():
-    with pytest.raises(ValueError, match="Supported environments: .*CartPole-v1.*Pendulum-v1"):
-        make_env("Pong-v5", 4)
