@@ -22,7 +22,8 @@ import numpy as np
 
 from rlhp_jax import labels as labels_lib
 from rlhp_jax import queries
-from rlhp_jax.agents.ppo import PPO, PPOConfig, evaluate, preset, random_reward_stats
+from rlhp_jax.agents.common import evaluate, random_reward_stats
+from rlhp_jax.agents.ppo import PPO, PPOConfig, preset
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import MetricsWriter, plot_learning_curve, read_jsonl, segment_return_correlation

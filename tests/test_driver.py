@@ -8,7 +8,8 @@ import jax
 import pytest
 
 from experiments import classic
-from rlhp_jax.agents.ppo import PPO, evaluate, preset
+from rlhp_jax.agents.common import evaluate
+from rlhp_jax.agents.ppo import PPO, preset
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import read_jsonl
 

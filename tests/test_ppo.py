@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhp_jax.agents.ppo import PPO, PPOConfig, compute_gae, evaluate
-from rlhp_jax.envs import EnvSpec, StepOut, make_env
+from rlhp_jax.agents.common import compute_gae, evaluate
+from rlhp_jax.agents.ppo import PPO, PPOConfig
+from probes import ProbeEnv
+from rlhp_jax.envs import make_env
 from rlhp_jax.rollout import Rollout, collect_rollout
 
 # A tiny config: compiles and trains in a few seconds on a 2-core CPU.
@@ -18,42 +20,6 @@ TINY = PPOConfig(
     num_envs=4, num_steps=16, gamma=0.5, lr=3e-2, anneal_lr=False, update_epochs=4,
     num_minibatches=2, hidden_sizes=(16,),
 )
-
-
-class ProbeEnv:
-    """Constant observation; reward depends on the action only.
-
-    Discrete: reward 1 for action 1, else 0.  Continuous (bounds [-1, 1]): reward -(a - 0.5)^2.
-    ``raw_reward`` reports the action the environment received (to check clipping).
-    """
-
-    def __init__(self, num_envs: int, continuous: bool, horizon: int = 4):
-        self.num_envs = num_envs
-        self.continuous = continuous
-        self.spec = EnvSpec(
-            name="probe", obs_shape=(1,), discrete=not continuous, num_actions=1 if continuous else 2,
-            action_low=(-1.0,) if continuous else None, action_high=(1.0,) if continuous else None,
-            horizon=horizon, terminal_penalty=0.0, segment_length=2, reward_std=1.0,
-        )
-
-    def _obs(self):
-        return jnp.ones((self.num_envs, 1), jnp.float32)
-
-    def reset(self, key):
-        return jnp.zeros(self.num_envs, jnp.int32), self._obs()
-
-    def step(self, key, t, action):
-        if self.continuous:
-            received = action[:, 0]
-            reward = -((received - 0.5) ** 2)
-        else:
-            received = action.astype(jnp.float32)
-            reward = (action == 1).astype(jnp.float32)
-        t = t + 1
-        boundary = t >= self.spec.horizon
-        out = StepOut(self._obs(), reward, jnp.zeros_like(boundary), boundary, received,
-                      valid=jnp.ones_like(boundary), render=jnp.zeros((self.num_envs, 0)))
-        return jnp.where(boundary, 0, t), out
 
 
 def _train_on_probe(continuous: bool, num_updates: int, seed: int = 0, config: PPOConfig = TINY):
@@ -111,7 +77,7 @@ def test_ppo_solves_continuous_probe(continuous_probe):
     mean_action = float(agent.act_deterministic(state.params, jnp.ones((1, 1)))[0, 0])
     assert abs(mean_action - 0.5) < 0.1
     # The exploration noise shrinks once the optimum is found.
-    _, log_std = agent._forward(state.params, jnp.ones((1, 1)))[0]
+    _, log_std = agent.pi.forward(state.params, jnp.ones((1, 1)))[0]
     assert float(log_std[0, 0]) < 0.0
 
 
@@ -207,7 +173,7 @@ def test_continuous_actions_clipped_when_sent_to_env(continuous_probe):
     sent = np.asarray(first.raw_reward)  # the probe reports the action it received
     assert sent.min() >= -1.0 and sent.max() <= 1.0
     assert np.abs(np.asarray(first.action)).max() > 1.0  # the stored sample is unclipped ...
-    dist, _ = agent._forward(init_state.params, first.obs)
+    dist, _ = agent.pi.forward(init_state.params, first.obs)
     np.testing.assert_allclose(  # ... and log_prob refers to it
-        np.asarray(first.log_prob), np.asarray(agent._log_prob(dist, first.action)), rtol=1e-5, atol=1e-5
+        np.asarray(first.log_prob), np.asarray(agent.pi.log_prob(dist, first.action)), rtol=1e-5, atol=1e-5
     )

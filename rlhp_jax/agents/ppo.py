@@ -14,21 +14,16 @@ sample.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import struct
 
-from rlhp_jax.envs import EnvSpec, VecEnv
-from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
-
-_LOG_2PI = math.log(2.0 * math.pi)
+from rlhp_jax.agents.common import Policy, compute_gae, weighted_mean
+from rlhp_jax.envs import EnvSpec
+from rlhp_jax.rollout import Rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +43,7 @@ class PPOConfig:
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP widths (separate actor and critic trunks)
     activation: str = "tanh"  # any flax.linen activation name, e.g. "tanh", "relu"
     log_std_init: float = 0.0  # initial log-std, in units of half the action range (continuous)
+    network: str = "auto"  # "mlp", "cnn" (Nature DQN, for frames) or "auto" (by observation shape)
 
     @property
     def batch_size(self) -> int:
@@ -82,59 +78,6 @@ class PPOState:
     step: jax.Array  # number of updates done
 
 
-class ActorCritic(nn.Module):
-    """Separate MLP trunks for the policy head and the value head."""
-
-    out_dim: int  # logits (discrete) or mean (continuous) size
-    hidden_sizes: tuple[int, ...]
-    activation: str
-    continuous: bool
-    log_std_init: float
-
-    @nn.compact
-    def __call__(self, x):
-        act = getattr(nn, self.activation)
-        orth = nn.initializers.orthogonal
-
-        def trunk(h, name):
-            for i, width in enumerate(self.hidden_sizes):
-                h = act(nn.Dense(width, kernel_init=orth(math.sqrt(2.0)), name=f"{name}_{i}")(h))
-            return h
-
-        head = nn.Dense(self.out_dim, kernel_init=orth(0.01), name="pi_out")(trunk(x, "pi"))
-        value = nn.Dense(1, kernel_init=orth(1.0), name="v_out")(trunk(x, "v"))[..., 0]
-        log_std = None
-        if self.continuous:
-            log_std = self.param("log_std", nn.initializers.constant(self.log_std_init), (self.out_dim,))
-        return head, log_std, value
-
-
-def compute_gae(
-    rewards: jax.Array,
-    values: jax.Array,
-    boundaries: jax.Array,
-    last_value: jax.Array,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[jax.Array, jax.Array]:
-    """Generalized advantage estimation over [T, N] arrays, cut at ``boundaries``.
-
-    A boundary at step t ends the episode: no bootstrapping from (and no trace through) t+1.
-    Returns ``(advantages, value_targets)``.
-    """
-    next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
-    not_done = 1.0 - boundaries.astype(jnp.float32)
-    deltas = rewards + gamma * next_values * not_done - values
-
-    def backward(adv_next, x):
-        delta, nd = x
-        adv = delta + gamma * gae_lambda * nd * adv_next
-        return adv, adv
-
-    _, adv = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done), reverse=True)
-    return adv, adv + values
-
-
 class PPO:
     """PPO for one :class:`EnvSpec`. All methods are pure; jit them (they are jit-friendly)."""
 
@@ -142,17 +85,7 @@ class PPO:
         self.spec = spec
         self.config = config
         self.total_updates = total_updates
-        self.net = ActorCritic(
-            out_dim=spec.num_actions,
-            hidden_sizes=tuple(config.hidden_sizes),
-            activation=config.activation,
-            continuous=not spec.discrete,
-            log_std_init=config.log_std_init,
-        )
-        if not spec.discrete:
-            low = np.asarray(spec.action_low, np.float32)
-            high = np.asarray(spec.action_high, np.float32)
-            self._center, self._half = (high + low) / 2.0, (high - low) / 2.0
+        self.pi = Policy(spec, config.hidden_sizes, config.activation, config.log_std_init, config.network)
         minibatch_updates = config.update_epochs * config.num_minibatches
         lr: float | optax.Schedule = config.lr
         if config.anneal_lr and total_updates:
@@ -161,70 +94,32 @@ class PPO:
         self.tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(lr, eps=1e-5))
         self._init_jit = jax.jit(self._init)
 
-    # -- network and distribution ---------------------------------------------------------
-    def _forward(self, params, obs):
-        """Returns (dist_params, value); dist_params are logits or (mean, log_std) in env units."""
-        n_obs = len(self.spec.obs_shape)
-        x = obs.reshape(obs.shape[: obs.ndim - n_obs] + (-1,)).astype(jnp.float32)
-        head, log_std, value = self.net.apply(params, x)
-        if self.spec.discrete:
-            return head, value
-        mean = self._center + self._half * head
-        return (mean, jnp.broadcast_to(log_std + jnp.log(self._half), mean.shape)), value
-
-    def _log_prob(self, dist, action):
-        if self.spec.discrete:
-            logp = jax.nn.log_softmax(dist)
-            return jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        mean, log_std = dist
-        z = (action - mean) * jnp.exp(-log_std)
-        return jnp.sum(-0.5 * z**2 - log_std - 0.5 * _LOG_2PI, axis=-1)
-
-    def _entropy(self, dist):
-        if self.spec.discrete:
-            logp = jax.nn.log_softmax(dist)
-            return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-        _, log_std = dist
-        return jnp.sum(log_std + 0.5 * (_LOG_2PI + 1.0), axis=-1)
-
     # -- public API -------------------------------------------------------------------------
     def init(self, key: jax.Array) -> PPOState:
         return self._init_jit(key)  # jitted: eager flax init (orthogonal QR etc.) is slow on CPU
 
     def _init(self, key: jax.Array) -> PPOState:
-        dummy = jnp.zeros((1, math.prod(self.spec.obs_shape)), jnp.float32)
-        params = self.net.init(key, dummy)
+        params = self.pi.init_params(key)
         return PPOState(params=params, opt_state=self.tx.init(params), step=jnp.zeros((), jnp.int32))
 
     def policy(self, params, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sample ``(action, log_prob, value)``; usable as ``policy_fn`` for collect_rollout."""
-        dist, value = self._forward(params, obs)
-        if self.spec.discrete:
-            action = jax.random.categorical(key, dist).astype(jnp.int32)
-        else:
-            mean, log_std = dist
-            action = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
-        return action, self._log_prob(dist, action), value
+        return self.pi.act(params, obs, key)
 
     def act_deterministic(self, params, obs: jax.Array) -> jax.Array:
         """Greedy action (argmax / clipped mean), as sent to the environment."""
-        dist, _ = self._forward(params, obs)
-        if self.spec.discrete:
-            return jnp.argmax(dist, axis=-1).astype(jnp.int32)
-        return clip_action(self.spec, dist[0])
+        return self.pi.mode(self.pi.forward(params, obs)[0])
 
     def value(self, params, obs: jax.Array) -> jax.Array:
-        return self._forward(params, obs)[1]
+        return self.pi.forward(params, obs)[1]
 
     def _loss(self, params, batch):
         """PPO loss over the steps with ``valid`` set (a deferred-reset step's action was ignored
         by the environment, so it carries no information about the policy)."""
         obs, action, old_logp, adv, target, valid = batch
-        w = valid.astype(jnp.float32)
-        n = jnp.maximum(w.sum(), 1.0)
-        wmean = lambda x: jnp.sum(w * x) / n
-        dist, value = self._forward(params, obs)
-        logp = self._log_prob(dist, action)
+        wmean = weighted_mean(valid)
+        dist, value = self.pi.forward(params, obs)
+        logp = self.pi.log_prob(dist, action)
         adv_mean = wmean(adv)
         adv = (adv - adv_mean) / (jnp.sqrt(wmean(jnp.square(adv - adv_mean))) + 1e-8)
         log_ratio = logp - old_logp
@@ -232,7 +127,7 @@ class PPO:
         clip = self.config.clip_eps
         pg_loss = -wmean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * adv))
         v_loss = 0.5 * wmean((value - target) ** 2)
-        entropy = wmean(self._entropy(dist))
+        entropy = wmean(self.pi.entropy(dist))
         loss = pg_loss + self.config.vf_coef * v_loss - self.config.ent_coef * entropy
         stats = dict(
             policy_loss=pg_loss,
@@ -278,48 +173,3 @@ class PPO:
         else:
             metrics["lr"] = jnp.asarray(self._lr, jnp.float32)
         return PPOState(params=params, opt_state=opt_state, step=state.step + 1), metrics
-
-
-@functools.partial(jax.jit, static_argnames=("env", "agent", "num_episodes", "max_steps"))
-def evaluate(env: VecEnv, agent: PPO, params, key: jax.Array, num_episodes: int, max_steps: int) -> jax.Array:
-    """Mean undiscounted return of the greedy policy on the *unmodified* task.
-
-    Each of ``num_episodes`` episodes runs for at most ``max_steps`` steps (use spec.horizon)
-    and sums the raw reward up to and including the first ``done``.
-    """
-
-    def episode(ep_key):
-        k_reset, k_steps = jax.random.split(ep_key)
-        obs, inner = env.episodic_reset(k_reset)
-
-        def step(carry, step_key):
-            inner, obs, ret, alive = carry
-            action = agent.act_deterministic(params, obs)
-            inner, obs, reward, done = env.episodic_eval_step(step_key, inner, action)
-            ret = ret + jnp.where(alive, reward, 0.0)
-            return (inner, obs, ret, alive & ~done), None
-
-        init = (inner, obs, jnp.zeros((), jnp.float32), jnp.ones((), bool))
-        (_, _, ret, _), _ = jax.lax.scan(step, init, jax.random.split(k_steps, max_steps))
-        return ret
-
-    return jnp.mean(jax.vmap(episode)(jax.random.split(key, num_episodes)))
-
-
-def random_reward_stats(env: VecEnv, key: jax.Array, num_steps: int = 1000) -> tuple[float, float]:
-    """Mean and std of the true reward under uniformly random actions (policy-free constants)."""
-    spec = env.spec
-
-    def random_policy(_, obs, k):
-        n = obs.shape[0]
-        if spec.discrete:
-            action = jax.random.randint(k, (n,), 0, spec.num_actions, jnp.int32)
-        else:
-            low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
-            action = jax.random.uniform(k, (n, spec.num_actions), minval=low, maxval=high)
-        return action, jnp.zeros(n), jnp.zeros(n)
-
-    k_reset, k_roll = jax.random.split(key)
-    state, obs = env.reset(k_reset)
-    _, _, ro = collect_rollout(env, random_policy, None, state, obs, k_roll, num_steps)
-    return float(jnp.mean(ro.true_reward)), float(jnp.maximum(jnp.std(ro.true_reward), 1e-6))
