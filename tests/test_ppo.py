@@ -96,6 +96,23 @@ def test_gae_matches_hand_computation_and_cuts_at_boundary():
     np.testing.assert_allclose(np.asarray(targets), np.asarray(adv + values), rtol=1e-6)
 
 
+def test_gae_makes_invalid_steps_transparent():
+    """An invalid step (envpool's deferred reset) is as if it were not there, whatever it holds."""
+    gamma, lam = 0.9, 0.8
+    rewards = jnp.array([[1.0], [2.0], [3.0]])
+    values = jnp.array([[0.5], [0.25], [0.75]])
+    boundary = jnp.zeros((3, 1), bool)
+    last_value = jnp.array([1.0])
+    ref_adv, ref_t = compute_gae(rewards, values, boundary, last_value, gamma, lam)
+    # the same trajectory with a garbage invalid step inserted after step 0
+    ins = lambda x, v: jnp.concatenate([x[:1], jnp.full((1, 1), v, x.dtype), x[1:]])
+    valid = jnp.array([[True], [False], [True], [True]])
+    adv, t = compute_gae(ins(rewards, jnp.nan), ins(values, jnp.nan), ins(boundary, True), last_value, gamma, lam, valid)
+    np.testing.assert_allclose(np.asarray(adv)[[0, 2, 3]], np.asarray(ref_adv), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(t)[[0, 2, 3]], np.asarray(ref_t), rtol=1e-6)
+    assert float(adv[1, 0]) == 0.0 and float(t[1, 0]) == 0.0
+
+
 # -- (c) rollout shapes, dtypes and boundaries on the real tasks -----------------------------
 @pytest.fixture(scope="module", params=["CartPole-v1", "Pendulum-v1"])
 def task_rollout(request):

@@ -195,23 +195,29 @@ class Policy:
 
 
 def compute_gae(rewards: jax.Array, values: jax.Array, boundaries: jax.Array, last_value: jax.Array,
-                gamma: float, gae_lambda: float) -> tuple[jax.Array, jax.Array]:
+                gamma: float, gae_lambda: float, valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Generalized advantage estimation over [T, N] arrays, cut at ``boundaries``.
 
     A boundary at step t ends the episode: no bootstrapping from (and no trace through) t+1.
-    ``gae_lambda=1`` gives the n-step returns of A2C.  Returns ``(advantages, value_targets)``.
+    ``gae_lambda=1`` gives the n-step returns of A2C.  Steps with ``valid=False`` (envpool's
+    deferred resets: no real transition) are transparent: the valid step before one bootstraps
+    from, and traces through, the next valid step, and whatever the invalid step holds (reward
+    — r̂ there is meaningless —, value, boundary) is never read; their advantages and targets
+    are 0.  Returns ``(advantages, value_targets)``.
     """
-    next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
-    not_done = 1.0 - boundaries.astype(jnp.float32)
-    deltas = rewards + gamma * next_values * not_done - values
+    ok_all = jnp.ones(rewards.shape, bool) if valid is None else jnp.asarray(valid, bool)
 
-    def backward(adv_next, x):
-        delta, nd = x
-        adv = delta + gamma * gae_lambda * nd * adv_next
-        return adv, adv
+    def backward(carry, x):
+        next_value, adv_next = carry
+        reward, value, boundary, ok = x
+        not_done = 1.0 - boundary.astype(jnp.float32)
+        adv = reward + gamma * next_value * not_done - value + gamma * gae_lambda * not_done * adv_next
+        carry = (jnp.where(ok, value, next_value), jnp.where(ok, adv, adv_next))
+        return carry, jnp.where(ok, adv, 0.0)
 
-    _, adv = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done), reverse=True)
-    return adv, adv + values
+    init = (last_value.astype(jnp.float32), jnp.zeros_like(last_value, jnp.float32))
+    _, adv = jax.lax.scan(backward, init, (rewards, values, boundaries, ok_all), reverse=True)
+    return adv, jnp.where(ok_all, adv + values, 0.0)
 
 
 def weighted_mean(valid: jax.Array):

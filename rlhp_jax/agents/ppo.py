@@ -141,9 +141,8 @@ class PPO:
     def update(self, state: PPOState, rollout: Rollout, rewards: jax.Array, key: jax.Array):
         """One PPO update from a rollout and its rewards [T, N]. Returns (state, metrics)."""
         cfg = self.config
-        adv, target = compute_gae(
-            rewards, rollout.value, rollout.boundary, rollout.last_value, cfg.gamma, cfg.gae_lambda
-        )
+        adv, target = compute_gae(rewards, rollout.value, rollout.boundary, rollout.last_value, cfg.gamma,
+                                  cfg.gae_lambda, rollout.valid)
         flat = lambda x: x.reshape((-1,) + x.shape[2:])
         data = tuple(map(flat, (rollout.obs, rollout.action, rollout.log_prob, adv, target, rollout.valid)))
         batch_size = data[0].shape[0]
