@@ -1,0 +1,60 @@
+"""TensorBoardWriter: the files it writes are read back by TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhp_jax.metrics import TensorBoardWriter
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+
+def read_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
+    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_scalars_round_trip_through_tensorboard_reader(tmp_path):
+    logdir = tmp_path / "tb"
+    with TensorBoardWriter(logdir) as w:
+        for it in range(1, 4):
+            w.scalars(it * 100, {
+                "true_return": 1.5 * it,                 # float
+                "labels": it * 10,                       # int
+                "val_accuracy": np.float32(0.25 * it),   # NumPy scalar
+                "rm_loss": jnp.asarray(2.0 / it),        # 0-d JAX array
+                "ppo": {"entropy": 0.5},                 # nested -> "ppo/entropy"
+                "reward_correlation": float("nan"),      # skipped: not finite
+                "eval_return": None,                     # skipped
+                "env": "CartPole-v1",                    # skipped
+                "done": True,                            # skipped: a flag, not a measurement
+                "hist": np.ones(3),                      # skipped: not a scalar
+            })
+    assert list(logdir.glob("events.out.tfevents.*"))
+    got = read_scalars(logdir)
+    assert set(got) == {"true_return", "labels", "val_accuracy", "rm_loss", "ppo/entropy"}
+    assert got["true_return"] == [(100, 1.5), (200, 3.0), (300, 4.5)]
+    assert got["labels"] == [(100, 10.0), (200, 20.0), (300, 30.0)]
+    assert [s for s, _ in got["rm_loss"]] == [100, 200, 300]
+    np.testing.assert_allclose([v for _, v in got["rm_loss"]], [2.0, 1.0, 2.0 / 3], rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in got["val_accuracy"]], [0.25, 0.5, 0.75])
+    assert got["ppo/entropy"] == [(100, 0.5), (200, 0.5), (300, 0.5)]
+
+
+def test_resume_appends_to_the_same_logdir(tmp_path):
+    logdir = tmp_path / "tb"
+    w = TensorBoardWriter(logdir)
+    for step in (1, 2, 3, 4):
+        w.scalars(step, {"loss": float(step)})
+    w.close()
+    # the run crashed after step 4 and resumes from a checkpoint taken at step 2
+    w = TensorBoardWriter(logdir, purge_step=3)
+    for step in (3, 4, 5):
+        w.scalars(step, {"loss": 10.0 * step})
+    w.close()
+    files = sorted(logdir.glob("events.out.tfevents.*"))  # TensorBoard reads them in name order
+    assert len(files) == 2 and files[0].stat().st_mtime_ns <= files[1].stat().st_mtime_ns
+    assert read_scalars(logdir)["loss"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
