@@ -3,8 +3,19 @@
     act on r̂ → segments → candidate pairs (×10) → select queries → teacher labels → fit ensemble → repeat
 
 Acting, labeling and fitting stay separate pure functions; this module only holds the state
-between iterations, asks the label schedule how many queries are due, logs, and plots.
-The same loop trains on the true reward when ``reward_source="true"`` (the RL baseline).
+between iterations, asks the label schedule how many queries are due, logs, checkpoints and
+plots.  The same loop trains on the true reward when ``reward_source="true"`` (the RL baseline).
+
+One driver iteration runs ``updates_per_iteration`` agent updates inside one compiled
+``lax.scan`` (A2C's 5-step updates would otherwise pay the host round trip 80 env steps at a
+time); their rollouts, laid end to end, are the pool that segments are drawn from.  The reward
+predictor is trained *interleaved* with the agent (same thread, between iterations, at about
+``labels_per_rl_step`` labels processed per environment step, A.2: 0.1), not asynchronously:
+runs are reproducible from their seed, and resuming a killed run replays it exactly.
+
+Checkpoints (orbax, ``rlhp_jax.checkpoint``) hold the agent, the ensemble, the label set, the
+RNG key, the counters and — for pure-JAX environments — the environment state; envpool's
+emulators cannot be saved, so a resumed Atari/MuJoCo run starts fresh episodes.
 """
 
 from __future__ import annotations
@@ -20,18 +31,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhp_jax import agents as agents_lib
 from rlhp_jax import labels as labels_lib
 from rlhp_jax import queries
 from rlhp_jax.agents.common import evaluate, random_reward_stats
-from rlhp_jax.agents.ppo import PPO, PPOConfig, preset
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import MetricsWriter, plot_learning_curve, read_jsonl, segment_return_correlation
-from rlhp_jax.preferences import check_labels
+from rlhp_jax.preferences import check_labels, preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
 from rlhp_jax.schedules import label_schedule
 from rlhp_jax.teachers import SyntheticTeacher
+
+# Christiano §3.3's ablations (plus the true-reward baseline, which is reward_source="true").
+ABLATIONS = {
+    "random_queries": "queries chosen uniformly at random instead of by ensemble disagreement",
+    "no_ensemble": "a single predictor (and so random queries: there is no disagreement to measure)",
+    "no_online_queries": "every label collected at the start, from the untrained policy",
+    "no_regularization": "no adaptive L2 (dropout stays where the model has it)",
+    "no_segments": "segments of length 1 (robotics tasks only)",
+    "target": "r̂ regressed on the true segment return with squared error instead of preferences",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,21 +61,31 @@ class RunConfig:
     total_steps: int = 100_000  # environment steps of RL
     labels: int = 200  # query budget
     seed: int = 0
+    agent: str = "ppo"  # "ppo", "a2c" (A.2) or "trpo" (A.1)
+    agent_config: Any = None  # the agent's config dataclass; None: its preset for the task
+    env_options: tuple = ()  # (name, value) pairs for the environment wrapper, e.g. (("noop_max", 90),)
     reward_source: str = "model"  # "model" (learn from preferences) or "true" (RL baseline)
     selection: str = "disagreement"  # "disagreement" (§2.2.4) or "random"
     candidate_factor: int = queries.CANDIDATE_FACTOR  # A: 10x more candidates than queries
     segment_length: int | None = None  # None: the task's default (EnvSpec.segment_length)
-    initial_label_fraction: float = 0.25  # A.1: 25 % of labels from the untrained policy
-    rate_constant: float | None = None  # c of c/(T+c); None: total_steps / 4
+    initial_label_fraction: float | None = 0.25  # A.1: 25 % of labels from the untrained policy
+    initial_label_count: int | None = None  # A.2: 500 (overrides the fraction)
+    rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: total_steps / 4
     label_capacity: int | None = None  # keep only the last N labels (A.2: 3,000); None: all
     pretrain_steps: int = 500  # reward-model steps on the initial labels before RL
-    fit_steps: int = 50  # reward-model steps per iteration (interleaved with RL)
-    eval_every: int = 5  # iterations between evaluations on the unmodified task
+    pretrain_epochs: float | None = None  # A.2: 200 epochs over the initial labels (overrides pretrain_steps)
+    fit_steps: int | None = 50  # reward-model steps per iteration; None: from labels_per_rl_step
+    labels_per_rl_step: float = 0.1  # A.2: the predictor "processes 1 label per 10 RL timesteps"
+    iteration_steps: int = 0  # at least this many env steps per driver iteration (agent updates batched)
+    eval_every: int = 5  # iterations between evaluations (and reward-model validation)
     eval_episodes: int = 10
     correlation_segments: int = 256  # fresh segments for corr(r̂, true)
-    ppo: PPOConfig | None = None  # None: the task's preset
     ensemble: EnsembleConfig = EnsembleConfig()
     teacher: SyntheticTeacher = SyntheticTeacher()
+    ablation: str | None = None  # recorded; applied by ``with_ablation``
+    checkpoint_every: int = 10  # iterations between checkpoints (0: only at the end)
+    checkpoint_on_labels: bool = True  # also checkpoint every iteration that added labels
+    keep_checkpoints: int = 3
     out: str = "runs/classic"
 
     def __post_init__(self):
@@ -69,6 +100,62 @@ class RunConfig:
             raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
         if self.candidate_factor < 1:
             raise ValueError(f"candidate_factor must be >= 1, got {self.candidate_factor}")
+        if self.agent not in agents_lib.AGENTS:
+            raise ValueError(f"Unknown agent {self.agent!r}. Available agents: {', '.join(agents_lib.AGENTS)}.")
+        if self.ablation is not None and self.ablation not in ABLATIONS:
+            raise ValueError(f"Unknown ablation {self.ablation!r}. Available: {', '.join(ABLATIONS)}.")
+        if self.segment_length is not None and self.segment_length < 1:
+            raise ValueError(f"segment_length must be >= 1, got {self.segment_length}")
+
+
+def with_ablation(cfg: RunConfig, name: str | None) -> RunConfig:
+    """``cfg`` changed as Christiano §3.3 describes the ablation ``name`` (None: unchanged)."""
+    if name is None:
+        return cfg
+    if name not in ABLATIONS:
+        raise ValueError(f"Unknown ablation {name!r}. Available: {', '.join(ABLATIONS)}.")
+    ens = cfg.ensemble
+    changes: dict[str, Any] = dict(ablation=name)
+    if name == "random_queries":
+        changes.update(selection="random")
+    elif name == "no_ensemble":
+        changes.update(selection="random", ensemble=dataclasses.replace(ens, num_members=1))
+    elif name == "no_online_queries":
+        changes.update(initial_label_fraction=1.0, initial_label_count=None)
+    elif name == "no_regularization":
+        changes.update(ensemble=dataclasses.replace(ens, adaptive_l2=False))
+    elif name == "no_segments":
+        changes.update(segment_length=1)
+    elif name == "target":
+        changes.update(ensemble=dataclasses.replace(ens, loss="target"))
+    return dataclasses.replace(cfg, **changes)
+
+
+def config_to_json(cfg: RunConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def config_from_json(d: dict) -> RunConfig:
+    """Inverse of ``config_to_json`` (nested dataclasses and tuples rebuilt)."""
+    d = dict(d)
+
+    def build(cls, values):
+        if values is None:
+            return None
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                v = values[f.name]
+                kwargs[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+        return cls(**kwargs)
+
+    d["ensemble"] = build(EnsembleConfig, d.get("ensemble"))
+    d["teacher"] = build(SyntheticTeacher, d.get("teacher"))
+    agent = d.get("agent", "ppo")
+    cfg_cls = type(agents_lib.default_config(agent, d.get("env", "")))
+    d["agent_config"] = build(cfg_cls, d.get("agent_config"))
+    d["env_options"] = tuple(tuple(x) for x in d.get("env_options", ()))
+    return build(RunConfig, d)
 
 
 def _bucket(n: int) -> int:
@@ -76,69 +163,143 @@ def _bucket(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-class PreferenceRun:
-    """Builds every component for a config and runs the loop. ``run()`` returns the summary."""
+class EpisodeTracker:
+    """Returns of the task's own episodes (raw reward, no penalty), accumulated on the host
+    across iterations: what a person would call the agent's score."""
 
-    def __init__(self, config: RunConfig, progress: bool = True, log: Callable[[str], None] = print):
+    def __init__(self, num_envs: int, sums=None):
+        self.sums = np.zeros(num_envs, np.float64) if sums is None else np.asarray(sums, np.float64)
+
+    def update(self, raw_reward, ends, valid) -> list[float]:
+        done = []
+        raw = np.where(np.asarray(valid), np.asarray(raw_reward, np.float64), 0.0)
+        ends = np.asarray(ends)
+        for t in range(raw.shape[0]):
+            self.sums += raw[t]
+            if ends[t].any():
+                done.extend(self.sums[ends[t]].tolist())
+                self.sums[ends[t]] = 0.0
+        return done
+
+
+class PreferenceRun:
+    """Builds every component for a config and runs the loop. ``run()`` returns the summary.
+
+    ``resume=True`` continues the run in ``config.out`` from its newest checkpoint.
+    """
+
+    def __init__(self, config: RunConfig, progress: bool = True, log: Callable[[str], None] = print,
+                 resume: bool = False):
         self.cfg = config
         self.progress = progress
         self.log = log
-        ppo_cfg = config.ppo or preset(config.env)
-        self.env = make_env(config.env, ppo_cfg.num_envs)  # raises on unknown names
+        self.resume = resume
+        agent_cfg = config.agent_config or agents_lib.default_config(config.agent, config.env)
+        self.env = make_env(config.env, agent_cfg.num_envs, **dict(config.env_options))  # raises on unknown names
         self.spec = self.env.spec
+        agents_lib.check_compatible(config.agent, self.spec)
         self.seg_len = config.segment_length or self.spec.segment_length
-        if self.seg_len > ppo_cfg.num_steps:
-            raise ValueError(f"segment_length {self.seg_len} exceeds the rollout length {ppo_cfg.num_steps}")
-        self.steps_per_iter = ppo_cfg.batch_size
+        self.updates_per_iter = max(1, math.ceil(config.iteration_steps / agent_cfg.batch_size))
+        self.steps_per_iter = self.updates_per_iter * agent_cfg.batch_size
+        self.rollout_len = self.updates_per_iter * agent_cfg.num_steps
+        if self.seg_len > self.rollout_len:
+            raise ValueError(f"segment_length {self.seg_len} exceeds the steps per environment in one iteration "
+                             f"({self.rollout_len}); raise iteration_steps")
         self.num_iters = max(1, config.total_steps // self.steps_per_iter)
-        self.agent = PPO(self.spec, ppo_cfg, self.num_iters)
-        ens_cfg = dataclasses.replace(config.ensemble, reward_std=config.ensemble.reward_std or self.spec.reward_std)
+        self.agent = agents_lib.make_agent(config.agent, self.spec, agent_cfg, self.num_iters * self.updates_per_iter)
+        std = config.ensemble.reward_std if config.ensemble.reward_std is not None else self.spec.reward_std
+        ens_cfg = dataclasses.replace(config.ensemble, reward_std=std)
         self.ensemble = RewardEnsemble(reward_model_spec_for(self.spec), ens_cfg)
-        if config.reward_source == "model":
-            self.schedule = label_schedule(config.labels, self.num_iters * self.steps_per_iter,
-                                           initial_fraction=config.initial_label_fraction,
-                                           rate_constant=config.rate_constant)
+        self.learn = config.reward_source == "model"
+        if self.learn:
+            self.schedule = label_schedule(
+                config.labels, self.num_iters * self.steps_per_iter,
+                initial_fraction=None if config.initial_label_count is not None else config.initial_label_fraction,
+                initial_count=config.initial_label_count, rate_constant=config.rate_constant)
+        if config.fit_steps is not None:
+            self.fit_steps = int(config.fit_steps)
+        else:
+            self.fit_steps = max(1, math.ceil(self.steps_per_iter * config.labels_per_rl_step / ens_cfg.batch_size))
+        if config.pretrain_epochs is not None and self.learn:
+            self.pretrain_steps = math.ceil(config.pretrain_epochs * max(self.schedule.initial, 1) / ens_cfg.batch_size)
+        else:
+            self.pretrain_steps = int(config.pretrain_steps)
+        self.can_evaluate = hasattr(self.env, "episodic_reset")
         self._build_functions()
 
     # ------------------------------------------------------------------ compiled pieces
     def _build_functions(self):
         env, agent, ens, cfg = self.env, self.agent, self.ensemble, self.cfg
-        T = agent.config.num_steps
+        T, K = agent.config.num_steps, self.updates_per_iter
+        learn = self.learn
 
-        def model_rewards(ens_state, rollout: Rollout):
+        def member_rewards(ens_state, rollout: Rollout):
+            """[M, T, N] normalized rewards of every member on a rollout."""
             obs = rollout.obs.reshape(-1, *rollout.obs.shape[2:])
             act = clip_action(self.spec, rollout.action)
             act = act.reshape(-1, *act.shape[2:])
-            return ens.predict_reward(ens_state, obs, act).reshape(rollout.true_reward.shape)
+            r = ens.normalized_member_rewards(ens_state, obs, act)
+            return r.reshape(r.shape[0], *rollout.true_reward.shape)
 
-        def iteration(ppo_state, env_state, obs, ens_state, reward_scale, key):
+        def one_update(carry, key):
+            agent_state, env_state, obs, ens_state, reward_scale = carry
             k_roll, k_upd = jax.random.split(key)
-            env_state, obs, rollout = collect_rollout(env, agent.policy, ppo_state.params, env_state, obs,
+            env_state, obs, rollout = collect_rollout(env, agent.policy, agent_state.params, env_state, obs,
                                                       k_roll, T)
-            if cfg.reward_source == "true":
-                rewards = (rollout.true_reward - reward_scale[0]) / reward_scale[1]
+            if learn:
+                member_r = member_rewards(ens_state, rollout)
+                rewards = jnp.mean(member_r, axis=0)
             else:
-                rewards = model_rewards(ens_state, rollout)
-            ppo_state, ppo_metrics = agent.update(ppo_state, rollout, rewards, k_upd)
-            return ppo_state, env_state, obs, rollout, rewards, ppo_metrics
+                member_r = jnp.zeros((0, *rollout.true_reward.shape), jnp.float32)
+                rewards = (rollout.true_reward - reward_scale[0]) / reward_scale[1]
+            agent_state, metrics = agent.update(agent_state, rollout, rewards, k_upd)
+            return (agent_state, env_state, obs, ens_state, reward_scale), (rollout, rewards, member_r, metrics)
 
-        def rollout_only(ppo_state, env_state, obs, key):
-            return collect_rollout(env, agent.policy, ppo_state.params, env_state, obs, key, T)
+        def end_to_end(stacked: Rollout) -> Rollout:
+            """K rollouts [K, T, N, ...] laid end to end as one [K·T, N, ...] trajectory."""
+            cat = lambda x: x.reshape(K * T, *x.shape[2:])
+            return stacked._replace(
+                **{f: cat(getattr(stacked, f)) for f in Rollout._fields if f not in ("last_obs", "last_value")},
+                last_obs=stacked.last_obs[-1], last_value=stacked.last_value[-1])
 
-        def candidates(ens_state, rollout: Rollout, key, n_live, q: int):
-            """q·factor candidate pairs (the first n_live·factor are live) and the chosen q."""
+        def iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
+            carry = (agent_state, env_state, obs, ens_state, reward_scale)
+            keys = key[None] if K == 1 else jax.random.split(key, K)  # K = 1: the key as it is
+            carry, (ro, rewards, member_r, metrics) = jax.lax.scan(one_update, carry, keys)
+            agent_state, env_state, obs, _, _ = carry
+            rollout = end_to_end(ro)
+            rewards = rewards.reshape(K * T, *rewards.shape[2:])
+            member_r = jnp.moveaxis(member_r, 1, 0)
+            member_r = member_r.reshape(member_r.shape[0], K * T, *member_r.shape[3:])
+            metrics = jax.tree.map(jnp.mean, metrics)
+            return agent_state, env_state, obs, rollout, rewards, member_r, metrics
+
+        def rollout_only(agent_state, env_state, obs, ens_state, key):
+            env_state, obs, rollout = collect_rollout(env, agent.policy, agent_state.params, env_state, obs, key,
+                                                      self.rollout_len)
+            return env_state, obs, rollout, member_rewards(ens_state, rollout)
+
+        def candidates(member_r, rollout: Rollout, key, n_live, q: int):
+            """q·factor candidate pairs (the first n_live·factor are live); returns the chosen q.
+
+            Candidates are scored from the per-step member rewards already computed for the
+            agent, through cumulative sums: only the chosen pairs' frames are ever gathered."""
             k_pairs, k_sel = jax.random.split(key)
             pool = q * cfg.candidate_factor
-            pairs = queries.sample_candidate_pairs(
-                k_pairs, rollout.obs, clip_action(self.spec, rollout.action), rollout.true_reward,
-                rollout.boundary, pool, self.seg_len, excluded=~rollout.valid)
+            t0, env_idx = queries.sample_segment_starts(k_pairs, rollout.boundary, 2 * pool, self.seg_len,
+                                                        excluded=~rollout.valid)
             live = jnp.arange(pool) < n_live * cfg.candidate_factor
             if cfg.selection == "disagreement" and ens.config.num_members > 1:
-                probs = ens.predict_preferences(ens_state, pairs)
+                ret = queries.segment_sums(member_r, t0, env_idx, self.seg_len).reshape(-1, pool, 2)
+                probs = preference_probability(ret[..., 0], ret[..., 1], ens.config.error_rate)
                 idx = queries.select_by_disagreement(probs, q, live)
             else:
                 idx = queries.select_random(k_sel, pool, q, live)
-            return queries.take_pairs(pairs, idx)
+            t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
+            take = lambda x: queries.gather_segments(x, t0, env_idx, self.seg_len).reshape(
+                q, 2, self.seg_len, *x.shape[2:])
+            return labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
+                                           true_reward=take(rollout.true_reward))
 
         def correlation(rollout: Rollout, rewards, key):
             _, pred, true = queries.sample_segments(key, rollout.obs, rewards, rollout.true_reward,
@@ -154,17 +315,18 @@ class PreferenceRun:
         self._fit = ens.fitter()
         self._evaluate_ensemble = jax.jit(ens.evaluate)
         self._correlation = jax.jit(correlation)
-        self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
+        if self.can_evaluate:
+            self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
 
     # ------------------------------------------------------------------ labels
-    def _query(self, ens_state, buffer, rollout, key, n: int):
+    def _query(self, member_r, buffer, rollout, key, n: int):
         """Ask the teacher about ``n`` selected pairs from ``rollout``; returns (buffer, asked, answered)."""
         asked = answered = 0
         while n > 0:
             q = min(_bucket(n), 1024)
             take = min(n, q)
             key, k_c, k_t, k_a = jax.random.split(key, 4)
-            pairs = self._candidates(ens_state, rollout, k_c, take, q)
+            pairs = self._candidates(member_r, rollout, k_c, take, q)
             mu, ok = self._label(k_t, pairs)
             mask = (jnp.arange(q) < take) & ok
             check_labels(np.asarray(mu)[np.asarray(mask)])
@@ -174,106 +336,193 @@ class PreferenceRun:
             n -= take
         return buffer, asked, answered
 
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpointer(self):
+        from rlhp_jax.checkpoint import Checkpointer
+
+        return Checkpointer(Path(self.cfg.out) / "checkpoints", keep=self.cfg.keep_checkpoints)
+
+    def _saveable(self, agent_state, ens_state, buffer, key, env_state, obs):
+        state = dict(agent=agent_state, ensemble=ens_state, buffer=buffer, key=key)
+        if self.can_evaluate:  # a pure-JAX environment: its state is a pytree we can save
+            state.update(env_state=env_state, obs=obs)
+        return state
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
         cfg, spec = self.cfg, self.spec
         out = Path(cfg.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
-        writer = MetricsWriter(out / "metrics.jsonl")
+        learn = self.learn
         key = jax.random.PRNGKey(cfg.seed)
         key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
-        ppo_state = jax.jit(self.agent.init)(k_agent)
+        agent_state = self.agent.init(k_agent)
         ens_state = jax.jit(self.ensemble.init)(k_ens)
+        reward_scale = jnp.asarray((0.0, 1.0), jnp.float32)
+        if not learn and not self.resume:  # before the reset: it steps the environments
+            reward_scale = jnp.asarray(random_reward_stats(self.env, k_scale), jnp.float32)
         env_state, obs = self.env.reset(k_env)
-        capacity = cfg.label_capacity or max(cfg.labels, 1)
+        capacity = min(cfg.label_capacity or cfg.labels, cfg.labels)  # never more slots than labels
         buffer = self.ensemble.empty_buffer(capacity, self.seg_len)
-        reward_scale = jnp.asarray(random_reward_stats(self.env, k_scale) if cfg.reward_source == "true"
-                                   else (0.0, 1.0), jnp.float32)
-        learn = cfg.reward_source == "model"
         asked = answered = 0
+        start_iter, wall_before = 1, 0.0
+        tracker = EpisodeTracker(self.env.num_envs)
+        ckpt = self._checkpointer()
+
+        if self.resume:
+            template = self._saveable(agent_state, ens_state, buffer, key, env_state, obs)
+            state, meta = ckpt.restore(template)
+            agent_state, ens_state, buffer, key = state["agent"], state["ensemble"], state["buffer"], state["key"]
+            if self.can_evaluate:
+                env_state, obs = state["env_state"], state["obs"]
+            start_iter = int(meta["iteration"]) + 1
+            asked, answered = int(meta["queries"]), int(meta["labels"])
+            wall_before = float(meta.get("wall_s", 0.0))
+            tracker = EpisodeTracker(self.env.num_envs, meta.get("episode_sums"))
+            reward_scale = jnp.asarray(meta["reward_scale"], jnp.float32)
+            rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["iteration"] < start_iter] \
+                if (out / "metrics.jsonl").exists() else []
+            with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
+        else:
+            if ckpt.latest_step() is not None:
+                raise ValueError(f"{out} already holds a run with checkpoints: continue it with --resume {out}, "
+                                 "or choose another --out.")
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+        writer = MetricsWriter(out / "metrics.jsonl", append=True)
+        tb = _tensorboard(out / "tensorboard")
         start = time.perf_counter()
 
-        if learn and self.schedule.initial > 0:
+        def save(it):
+            meta = dict(iteration=it, queries=asked, labels=answered, wall_s=wall_before + time.perf_counter() - start,
+                        episode_sums=tracker.sums.tolist(), reward_scale=np.asarray(reward_scale).tolist())
+            ckpt.save(it, self._saveable(agent_state, ens_state, buffer, key, env_state, obs), meta)
+
+        if not self.resume and learn and self.schedule.initial > 0:
             # Christiano A: the first comparisons are of clips from the untrained policy.
             key, k_roll, k_q, k_fit = jax.random.split(key, 4)
-            env_state, obs, rollout = self._rollout_only(ppo_state, env_state, obs, k_roll)
-            buffer, a, b = self._query(ens_state, buffer, rollout, k_q, self.schedule.initial)
+            env_state, obs, rollout, member_r = self._rollout_only(agent_state, env_state, obs, ens_state, k_roll)
+            buffer, a, b = self._query(member_r, buffer, rollout, k_q, self.schedule.initial)
             asked, answered = asked + a, answered + b
-            if cfg.pretrain_steps > 0:
-                ens_state, _ = self._fit(ens_state, buffer, k_fit, cfg.pretrain_steps)
+            if self.pretrain_steps > 0:
+                ens_state, _ = self._fit(ens_state, buffer, k_fit, self.pretrain_steps)
+            save(0)
 
         bar = None
         if self.progress:
             from tqdm import tqdm
-            bar = tqdm(total=self.num_iters * self.steps_per_iter, unit="step", unit_scale=True,
-                       desc=f"{spec.name} {'r̂' if learn else 'true r'}", dynamic_ncols=True)
-        summary_row: dict[str, Any] = {}
-        for it in range(1, self.num_iters + 1):
+            bar = tqdm(total=self.num_iters * self.steps_per_iter, initial=(start_iter - 1) * self.steps_per_iter,
+                       unit="step", unit_scale=True, dynamic_ncols=True,
+                       desc=f"{spec.name} {cfg.agent} {'r̂' if learn else 'true r'}")
+        for it in range(start_iter, self.num_iters + 1):
             key, k_it, k_q, k_fit, k_corr, k_eval = jax.random.split(key, 6)
-            ppo_state, env_state, obs, rollout, rewards, ppo_m = self._iteration(
-                ppo_state, env_state, obs, ens_state, reward_scale, k_it)
+            t0 = time.perf_counter()
+            agent_state, env_state, obs, rollout, rewards, member_r, agent_m = self._iteration(
+                agent_state, env_state, obs, ens_state, reward_scale, k_it)
+            jax.block_until_ready(rewards)
+            t1 = time.perf_counter()
             env_steps = it * self.steps_per_iter
             row: dict[str, Any] = {"iteration": it, "env_steps": env_steps}
+            new_labels = False
+            evaluate_now = it % cfg.eval_every == 0 or it == self.num_iters
             if learn:
                 due = int(self.schedule.due(env_steps))
                 if due > asked:
-                    buffer, a, b = self._query(ens_state, buffer, rollout, k_q, due - asked)
+                    buffer, a, b = self._query(member_r, buffer, rollout, k_q, due - asked)
                     asked, answered = asked + a, answered + b
-                if cfg.fit_steps > 0 and answered > 0:
-                    ens_state, fit_m = self._fit(ens_state, buffer, k_fit, cfg.fit_steps)
+                    new_labels = True
+                row["labels_due"] = due
+                t2 = time.perf_counter()
+                if self.fit_steps > 0 and answered > 0:
+                    ens_state, fit_m = self._fit(ens_state, buffer, k_fit, self.fit_steps)
                     row["rm_train_loss"] = float(jnp.nanmean(fit_m["train_loss"]))
                     row["rm_l2"] = float(jnp.mean(ens_state.l2))
-                ev = self._evaluate_ensemble(ens_state, buffer)
-                row["val_accuracy"] = _nanmean(ev["val_accuracy"])
-                row["rm_val_loss"] = _nanmean(ev["val_loss"])
+                t3 = time.perf_counter()
+                if evaluate_now or it == start_iter:
+                    ev = self._evaluate_ensemble(ens_state, buffer)
+                    row["val_accuracy"] = _nanmean(ev["val_accuracy"])
+                    row["rm_val_loss"] = _nanmean(ev["val_loss"])
                 row["reward_correlation"] = _finite(self._correlation(rollout, rewards, k_corr))
+                row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2)
+            ends = np.asarray(rollout.boundary)
+            if spec.on_terminate == "reset":
+                ends = ends | np.asarray(rollout.terminated)
+            episodes = tracker.update(rollout.raw_reward, ends, rollout.valid)
             row.update(
                 labels=answered,
                 queries=asked,
                 true_return=float(jnp.mean(rollout.true_reward)) * spec.horizon,
                 predicted_return=float(jnp.mean(rewards)) * spec.horizon,
+                episodes=len(episodes),
+                episode_return=float(np.mean(episodes)) if episodes else None,
                 terminations=int(rollout.terminated.sum()),
-                policy_entropy=float(ppo_m.get("entropy", jnp.nan)),
+                policy_entropy=float(agent_m.get("entropy", jnp.nan)),
+                time_agent_s=t1 - t0,
             )
-            if it % cfg.eval_every == 0 or it == self.num_iters:
-                row["eval_return"] = float(self._eval(ppo_state.params, k_eval))
-            row["wall_s"] = time.perf_counter() - start
+            if self.can_evaluate and evaluate_now:
+                row["eval_return"] = float(self._eval(agent_state.params, k_eval))
+            row["wall_s"] = wall_before + time.perf_counter() - start
             row["steps_per_s"] = env_steps / row["wall_s"]
             writer.write(row)
-            summary_row = row
+            if tb is not None:
+                tb.scalars(env_steps, row)
+            if it == self.num_iters or (cfg.checkpoint_every and it % cfg.checkpoint_every == 0) \
+                    or (new_labels and cfg.checkpoint_on_labels):
+                save(it)
             if bar is not None:
                 bar.update(self.steps_per_iter)
                 post = {"true": f"{row['true_return']:.1f}", "labels": answered}
-                if "eval_return" in row:
+                if row.get("eval_return") is not None:
                     post["eval"] = f"{row['eval_return']:.1f}"
+                elif row.get("episode_return") is not None:
+                    post["score"] = f"{row['episode_return']:.1f}"
                 bar.set_postfix(post)
         if bar is not None:
             bar.close()
         writer.close()
+        if tb is not None:
+            tb.close()
+        summary = self._summary(read_jsonl(out / "metrics.jsonl"), answered, asked)
+        self.final = dict(agent_state=agent_state, ens_state=ens_state, buffer=buffer)
+        return summary
 
-        rows = read_jsonl(out / "metrics.jsonl")
-        evals = [r["eval_return"] for r in rows if r.get("eval_return") is not None]
+    def _summary(self, rows, answered, asked) -> dict[str, Any]:
+        cfg, out = self.cfg, Path(self.cfg.out)
+        last = rows[-1] if rows else {}
+        values = lambda k: [r[k] for r in rows if r.get(k) is not None]
+        evals, scores = values("eval_return"), values("episode_return")
         summary = {
-            "env": spec.name,
+            "env": self.spec.name,
+            "agent": cfg.agent,
             "reward_source": cfg.reward_source,
+            "ablation": cfg.ablation,
             "seed": cfg.seed,
-            "env_steps": summary_row.get("env_steps", 0),
+            "env_steps": last.get("env_steps", 0),
             "labels": answered,
             "queries": asked,
             "final_eval_return": evals[-1] if evals else None,
             "best_eval_return": max(evals) if evals else None,
-            "final_reward_correlation": summary_row.get("reward_correlation"),
-            "final_val_accuracy": summary_row.get("val_accuracy"),
-            "wall_s": summary_row.get("wall_s"),
-            "steps_per_s": summary_row.get("steps_per_s"),
+            "final_episode_return": scores[-1] if scores else None,
+            "final_true_return": last.get("true_return"),
+            "final_reward_correlation": last.get("reward_correlation"),
+            "final_val_accuracy": next((r["val_accuracy"] for r in reversed(rows) if r.get("val_accuracy") is not None),
+                                       None),
+            "wall_s": last.get("wall_s"),
+            "steps_per_s": last.get("steps_per_s"),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        what = "preferences" if self.learn else "true reward"
         plot_learning_curve(rows, out / "learning_curve.png",
-                            title=f"{spec.name} — {'preferences' if learn else 'true reward'}, "
-                                  f"{answered} labels, seed {cfg.seed}")
-        self.final = dict(ppo_state=ppo_state, ens_state=ens_state, buffer=buffer)
+                            title=f"{self.spec.name} — {cfg.agent.upper()} on {what}, {answered} labels, seed {cfg.seed}"
+                                  + (f", ablation {cfg.ablation}" if cfg.ablation else ""))
         return summary
+
+
+def _tensorboard(logdir: Path):
+    from rlhp_jax.metrics import TensorBoardWriter
+
+    return TensorBoardWriter(logdir)
 
 
 def _finite(x) -> float | None:

@@ -33,7 +33,8 @@ import optax
 from flax import struct
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax.preferences import bradley_terry_loss, preference_accuracy, preference_probability, segment_returns
+from rlhp_jax.preferences import (bradley_terry_loss, preference_accuracy, preference_probability, segment_returns,
+                                  target_return_loss)
 from rlhp_jax.reward_models import RewardModelSpec
 
 
@@ -51,10 +52,11 @@ class EnsembleConfig:
     loss_average: float = 0.99  # decay of the running averages of the two losses
     input_noise: float = 0.0  # Ibarz A.3: Gaussian noise of amplitude 0.1 on [0, 1] frames
     reward_l2: float = 0.0  # Ibarz A.3: loss ∝ squared predicted reward (zero-mean prior)
-    reward_std: float = 1.0  # A.1: 1 (MuJoCo); A.2: 0.05 (Atari)
+    reward_std: float | None = None  # A.1: 1 (MuJoCo); A.2: 0.05 (Atari); None: the task's (driver), else 1
     member_axis: str = "auto"  # "vmap", "map" (sequential loop), "unroll" or "auto" (per backend/model)
     fit_loop: str = "auto"  # steps of fit(): "scan" (one program), "host" (Python loop) or "auto"
     chunk_size: int = 4096  # rows per forward pass when scoring the whole label buffer
+    loss: str = "preferences"  # Bradley-Terry on labels; "target": squared error to the true clip returns (§3.3 ablation)
 
     def __post_init__(self):
         if self.num_members < 1:
@@ -63,6 +65,8 @@ class EnsembleConfig:
             raise ValueError(f"member_axis must be 'auto', 'vmap', 'map' or 'unroll', got {self.member_axis!r}")
         if self.fit_loop not in ("auto", "scan", "host"):
             raise ValueError(f"fit_loop must be 'auto', 'scan' or 'host', got {self.fit_loop!r}")
+        if self.loss not in ("preferences", "target"):
+            raise ValueError(f"loss must be 'preferences' or 'target', got {self.loss!r}")
         if not 0.0 <= self.error_rate < 1.0:
             raise ValueError(f"error_rate must be in [0, 1), got {self.error_rate}")
 
@@ -139,6 +143,7 @@ class RewardEnsemble:
         self.model: nn.Module = model_spec.build()
         self.mode = resolve_member_axis(config.member_axis, model_kind=model_spec.kind)
         self.optimizer = optax.adam(config.learning_rate, b1=0.9, b2=0.999, eps=1e-8)
+        self.reward_std = 1.0 if config.reward_std is None else float(config.reward_std)
 
     # ------------------------------------------------------------------ construction
     def init(self, key: jax.Array) -> EnsembleState:
@@ -193,23 +198,33 @@ class RewardEnsemble:
         fn = lambda params, stats: self._apply(params, stats, obs, action)[0]
         return over_members(fn, self.mode)(state.params, state.batch_stats)
 
+    def normalized_member_rewards(self, state: EnsembleState, obs, action) -> jax.Array:
+        """Every member's reward for flat rows, normalized on its own and scaled to ``reward_std``: [M, N]."""
+        raw = self.member_rewards(state, obs, action)
+        return self.reward_std * (raw - state.norm_mean[:, None]) / state.norm_std[:, None]
+
     def predict_reward(self, state: EnsembleState, obs, action) -> jax.Array:
         """r̂ for flat rows [N, ...] -> [N]: members normalized independently, then averaged."""
-        raw = self.member_rewards(state, obs, action)
-        normed = (raw - state.norm_mean[:, None]) / state.norm_std[:, None]
-        return self.config.reward_std * jnp.mean(normed, axis=0)
+        return jnp.mean(self.normalized_member_rewards(state, obs, action), axis=0)
 
     def predict_preferences(self, state: EnsembleState, pairs: labels_lib.SegmentPairs) -> jax.Array:
         """[M, P] each member's P[σ¹ ≻ σ²] (on its normalized scale) for query selection."""
 
         def one(params, stats, mean, std):
             r, _ = self._pair_rewards(params, stats, pairs.obs, pairs.action)
-            ret = segment_returns((r - mean) / std * self.config.reward_std)
+            ret = segment_returns((r - mean) / std * self.reward_std)
             return preference_probability(ret[:, 0], ret[:, 1], self.config.error_rate)
 
         return over_members(one, self.mode)(state.params, state.batch_stats, state.norm_mean, state.norm_std)
 
     # ------------------------------------------------------------------ training
+    def _objective(self, r, mu, true_reward):
+        """The fitting loss of ``[P, 2, T]`` predicted rewards: Bradley-Terry on the labels, or
+        (``loss="target"``) squared error to the true clip returns."""
+        if self.config.loss == "target":
+            return target_return_loss(r, true_reward)
+        return bradley_terry_loss(r[:, 0], r[:, 1], mu, self.config.error_rate)
+
     def _member_step(self, params, stats, opt_state, l2, train_avg, val_avg, w_train, w_val, key,
                      buffer: labels_lib.LabelBuffer, steps):
         cfg = self.config
@@ -229,7 +244,7 @@ class RewardEnsemble:
             if cfg.input_noise > 0:
                 x = _to_unit_range(x) + cfg.input_noise * jax.random.normal(k_noise, x.shape)
             r, new_stats = self._pair_rewards(p, stats, x, act, train=True, key=k_drop)
-            bt = bradley_terry_loss(r[:, 0], r[:, 1], mu, cfg.error_rate)
+            bt = self._objective(r, mu, buffer.true_reward[idx_tr])
             reg = l2 * _weight_l2(p) + cfg.reward_l2 * jnp.mean(jnp.square(r))
             return bt + reg, (bt, new_stats)
 
@@ -243,8 +258,8 @@ class RewardEnsemble:
         both_act = jnp.concatenate([act, buffer.action[idx_val]])
         r_eval, _ = self._pair_rewards(params, stats, both_obs, both_act)
         b = cfg.batch_size
-        train_loss = bradley_terry_loss(r_eval[:b, 0], r_eval[:b, 1], mu, cfg.error_rate)
-        val_loss = bradley_terry_loss(r_eval[b:, 0], r_eval[b:, 1], buffer.mu[idx_val], cfg.error_rate)
+        train_loss = self._objective(r_eval[:b], mu, buffer.true_reward[idx_tr])
+        val_loss = self._objective(r_eval[b:], buffer.mu[idx_val], buffer.true_reward[idx_val])
 
         decay = cfg.loss_average
         first = steps == 0

@@ -90,14 +90,27 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     for key, label, style in [("eval_return", "eval return (unmodified task)", "-o"),
-                              ("true_return", "true return (training episodes)", "-")]:
+                              ("episode_return", "score per episode (task reward, training)", "-")]:
         x, y = series(key)
         if x:
             ax.plot(x, y, style, label=label, markersize=3)
+    # the oracle's reward per horizon has its own scale (penalties, clipping): a second axis
+    x, y = series("true_return")
+    lines, labels = ax.get_legend_handles_labels()
+    if x:
+        twin = ax.twinx() if lines else ax
+        twin.plot(x, y, "-", color="tab:green", alpha=0.8, label="true return per horizon (oracle's reward)")
+        twin.set_ylabel("oracle's return per horizon")
+        more, more_labels = twin.get_legend_handles_labels()
+        if twin is not ax:
+            lines, labels = lines + more, labels + more_labels
+        else:
+            lines, labels = more, more_labels
     ax.set_xlabel("environment steps")
     ax.set_ylabel("return")
     ax.set_title("true return")
-    ax.legend(loc="best", fontsize=8)
+    if lines:
+        ax.legend(lines, labels, loc="best", fontsize=8)
     ax.grid(alpha=0.3)
 
     ax = axes[1]
@@ -137,3 +150,60 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+class TensorBoardWriter:
+    """Writes the numbers of metric rows as TensorBoard scalars (``events.out.tfevents.*`` in ``logdir``).
+
+    Uses ``tensorboardX`` (no TensorFlow).  Every writer opens a new event file (its name carries
+    the creation time in nanoseconds and the pid), so a resumed run appends to the same ``logdir``.  Pass
+    ``purge_step`` (the first step the resumed run will log) when resuming from a checkpoint older
+    than the last logged step: TensorBoard then hides the events at and after that step from the
+    earlier files instead of drawing two curves.  Each ``scalars`` call is flushed to the file.
+    """
+
+    def __init__(self, logdir: str | os.PathLike, purge_step: int | None = None):
+        import time
+
+        from tensorboardX import SummaryWriter
+
+        self.logdir = Path(logdir)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        # tensorboardX names files events.out.tfevents.<unix seconds>.<host><suffix> and opens them
+        # with "wb": the nanosecond suffix keeps a writer opened in the same second from overwriting
+        # the previous file, and keeps TensorBoard's (name-sorted) reading order the creation order.
+        self._writer = SummaryWriter(logdir=str(self.logdir), purge_step=purge_step,
+                                     filename_suffix=f".{time.time_ns():020d}.{os.getpid()}")
+
+    def scalars(self, step: int, row: dict) -> None:
+        """One scalar per finite number in ``row`` (nested dicts become ``outer/inner`` tags);
+        strings, None, NaN, infinities, booleans and arrays of more than one element are skipped."""
+        step = int(step)
+        for tag, value in _finite_numbers(row):
+            self._writer.add_scalar(tag, value, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _finite_numbers(row: dict, prefix: str = ""):
+    for key, value in row.items():
+        tag = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _finite_numbers(value, tag + "/")
+            continue
+        if isinstance(value, bool) or getattr(value, "dtype", None) == bool:
+            continue
+        if hasattr(value, "shape") and hasattr(value, "dtype"):  # NumPy / JAX scalars and 0-d arrays
+            if value.shape != () or getattr(value.dtype, "kind", "") not in "iuf":
+                continue
+            value = value.item()
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            yield tag, float(value)

@@ -90,6 +90,17 @@ def bradley_terry_loss(rewards_1, rewards_2, mu, error_rate=0.1, weights=None) -
     return jnp.sum(w * per_pair) / jnp.maximum(jnp.sum(w), 1e-8)
 
 
+def target_return_loss(rewards, true_rewards) -> jax.Array:
+    """The "target" ablation of Christiano §3.3: squared error between predicted and true clip
+    returns (an oracle that reports each clip's total reward instead of a preference).
+
+    ``rewards`` and ``true_rewards`` are per-step ``[batch, 2, T]``; returns the mean over clips.
+    """
+    chex.assert_rank(rewards, 3)
+    chex.assert_equal_shape([rewards, true_rewards])
+    return jnp.mean(jnp.square(jnp.sum(rewards, -1) - jnp.sum(true_rewards, -1)))
+
+
 def preference_accuracy(returns_1, returns_2, mu, weights=None) -> jax.Array:
     """Fraction of strict labels (μ ≠ 0.5) whose preferred side has the larger predicted return.
 

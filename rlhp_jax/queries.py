@@ -38,6 +38,34 @@ def valid_segment_starts(boundary: jax.Array, length: int, excluded: jax.Array |
     return ok
 
 
+def sample_segment_starts(key: jax.Array, boundary: jax.Array, num_segments: int, length: int,
+                          excluded: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Draw ``num_segments`` clip starts uniformly among the valid ones of a ``[T, N]`` rollout.
+
+    Returns ``(t0, env)``, each ``[num_segments]`` int32: clip ``i`` covers steps
+    ``t0[i] .. t0[i] + length - 1`` of environment ``env[i]``.
+    """
+    valid = valid_segment_starts(boundary, length, excluded)
+    n_envs = valid.shape[1]
+    logits = jnp.where(valid.reshape(-1), 0.0, -jnp.inf)
+    flat = jax.random.categorical(key, logits, shape=(num_segments,))
+    return (flat // n_envs).astype(jnp.int32), (flat % n_envs).astype(jnp.int32)
+
+
+def gather_segments(x: jax.Array, t0: jax.Array, env: jax.Array, length: int) -> jax.Array:
+    """``[T, N, ...]`` time-major array -> ``[S, length, ...]`` the clips starting at (t0, env)."""
+    steps = t0[:, None] + jnp.arange(length)[None, :]
+    return x[steps, env[:, None]]
+
+
+def segment_sums(values: jax.Array, t0: jax.Array, env: jax.Array, length: int) -> jax.Array:
+    """Sums of ``[..., T, N]`` per-step values over the clips (t0, env) -> ``[..., S]``, through a
+    cumulative sum, so scoring many candidate clips never gathers their frames."""
+    c = jnp.cumsum(values, axis=-2)
+    c = jnp.concatenate([jnp.zeros_like(c[..., :1, :]), c], axis=-2)
+    return c[..., t0 + length, env] - c[..., t0, env]
+
+
 def sample_segments(key: jax.Array, obs: jax.Array, action: jax.Array, true_reward: jax.Array,
                     boundary: jax.Array, num_segments: int, length: int,
                     excluded: jax.Array | None = None):
@@ -46,13 +74,8 @@ def sample_segments(key: jax.Array, obs: jax.Array, action: jax.Array, true_rewa
     Inputs are time-major rollout arrays ``[T, N, ...]``; returns ``(obs, action, true_reward)``
     each ``[num_segments, length, ...]``.
     """
-    valid = valid_segment_starts(boundary, length, excluded)
-    n_starts, n_envs = valid.shape
-    logits = jnp.where(valid.reshape(-1), 0.0, -jnp.inf)
-    flat = jax.random.categorical(key, logits, shape=(num_segments,))
-    t0, env = flat // n_envs, flat % n_envs
-    steps = t0[:, None] + jnp.arange(length)[None, :]  # [S, L]
-    take = lambda x: x[steps, env[:, None]]
+    t0, env = sample_segment_starts(key, boundary, num_segments, length, excluded)
+    take = lambda x: gather_segments(x, t0, env, length)
     return take(obs), take(action), take(true_reward)
 
 

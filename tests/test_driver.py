@@ -60,7 +60,7 @@ def test_full_loop_beats_random_policy_on_true_return(cartpole_run):
         (["--steps", "-5"], "--steps must be positive"),
         (["--members", "0"], "num_members must be >= 1"),
         (["--mistake-rate", "1.5"], "mistake_rate must be in [0, 1]"),
-        (["--ppo", "learning_rate=1"], "--ppo expects FIELD=VALUE with FIELD one of: num_envs"),
+        (["--ppo", "learning_rate=1"], "--agent-config expects FIELD=VALUE with FIELD one of: num_envs"),
     ],
 )
 def test_bad_input_gives_clear_error(argv, message, capsys, tmp_path):

@@ -169,6 +169,21 @@ def test_learns_to_rank_heldout_pairs(ens3, fitted3, learning_buffer):
     assert np.all(np.asarray(ev["train_accuracy"]) > 0.9), ev
 
 
+def test_target_loss_regresses_clip_returns(learning_buffer):
+    """The "target" ablation (Christiano §3.3) fits summed predictions to the true clip returns."""
+    target = Compiled(MLP_SPEC, EnsembleConfig(num_members=3, loss="target", adaptive_l2=False, member_axis="map"))
+    state = target.init(jax.random.key(0))
+    test = random_pairs(999, 200)
+    obs, act = flat_rows(test)
+    mse = lambda st: float(np.mean((np.asarray(target.member_rewards(st, obs, act)[0]).reshape(200, 2, -1).sum(-1)
+                                    - np.asarray(test.true_reward).sum(-1)) ** 2))
+    before = mse(state)
+    state, metrics = target.fit(state, learning_buffer, jax.random.key(1), 300)
+    assert mse(state) < 0.1 * before, (before, mse(state))
+    with pytest.raises(ValueError, match="loss must be"):
+        EnsembleConfig(loss="squared")
+
+
 # ------------------------------------------------------------------ (3) adaptive L2
 @given(st.floats(1e-6, 1.0), st.floats(0.05, 5.0), st.floats(0.2, 3.0))
 def test_adaptive_l2_rule(l2, train, ratio):

@@ -12,11 +12,14 @@ from conftest import fast_jit
 from hypothesis import given
 
 from rlhp_jax.queries import (
+    gather_segments,
     sample_candidate_pairs,
+    sample_segment_starts,
     sample_segments,
     select_by_disagreement,
     select_random,
     take_pairs,
+    segment_sums,
     valid_segment_starts,
 )
 
@@ -224,3 +227,15 @@ def test_sample_candidate_pairs_shapes_and_contents():
     sub = take_pairs(pairs, jnp.array([7, 2]))
     np.testing.assert_array_equal(sub.obs, pairs.obs[jnp.array([7, 2])])
     np.testing.assert_array_equal(sub.true_reward[1], pairs.true_reward[2])
+
+
+@given(st.integers(1, T), st.integers(0, 2**31 - 1))
+def test_segment_sums_equal_summing_the_gathered_clips(length, seed):
+    """Scoring candidates through cumulative sums gives the sums of the clips themselves."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(M, T, N)).astype(np.float32)
+    t0, env = sample_segment_starts(jax.random.key(seed), jnp.zeros((T, N), bool), 16, length)
+    sums = segment_sums(jnp.asarray(values), t0, env, length)
+    clips = jnp.stack([gather_segments(jnp.asarray(values[m]), t0, env, length) for m in range(M)])
+    np.testing.assert_allclose(np.asarray(sums), np.asarray(clips.sum(-1)), rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(t0) + length <= T)

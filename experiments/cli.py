@@ -1,0 +1,187 @@
+"""The command line every experiment entry point shares: flags, config building, run and resume.
+
+Each domain module (``experiments.classic``, ``experiments.atari``, ``experiments.mujoco``)
+gives a :class:`Domain` — which tasks it runs, its default agent and the paper's settings as a
+``RunConfig`` builder — and calls :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    prog: str  # "python -m experiments.atari"
+    doc: str
+    tasks: Callable[[], list[str]]  # the environment names this entry point accepts
+    default_env: str
+    default_agent: str
+    # (args, env name) -> RunConfig keyword arguments with the domain's (paper) defaults;
+    # args.labels / args.steps are None when the user did not give them
+    settings: Callable[[argparse.Namespace, str], dict]
+    out_root: str
+    segments_ablation: bool = True  # Christiano ran "no segments" on the robotics tasks only
+
+
+def build_parser(domain: Domain) -> argparse.ArgumentParser:
+    from rlhp_jax.agents import AGENTS
+    from rlhp_jax.driver import ABLATIONS
+
+    p = argparse.ArgumentParser(prog=domain.prog, description=domain.doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default=domain.default_env, help=f"task (default {domain.default_env})")
+    p.add_argument("--labels", type=int, default=None, help="synthetic-label budget (default per task)")
+    p.add_argument("--steps", type=int, default=None, help="environment steps of RL (default per task)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--agent", choices=AGENTS, default=domain.default_agent,
+                   help=f"RL algorithm (default {domain.default_agent})")
+    p.add_argument("--teacher", choices=["synthetic"], default="synthetic",
+                   help="who labels: the synthetic oracle (true reward), optionally noisy (flags below)")
+    p.add_argument("--ablation", choices=sorted(ABLATIONS), default=None,
+                   help="Christiano §3.3 ablation: " + "; ".join(f"{k}: {v}" for k, v in ABLATIONS.items()))
+    p.add_argument("--baseline", action="store_true", help="train the same agent on the true reward instead")
+    p.add_argument("--out", default=None, help=f"output directory (default {domain.out_root}/ENV-...-seedN)")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue a run from its newest checkpoint, with its saved configuration")
+    p.add_argument("--selection", choices=["disagreement", "random"], default=None,
+                   help="query selection: ensemble disagreement (paper) or random")
+    p.add_argument("--members", type=int, default=None, help="reward-model ensemble size (default 3)")
+    p.add_argument("--segment-length", type=int, default=None, help="clip length in steps (default per task)")
+    p.add_argument("--rate-constant", type=float, default=None, help="c of the label rate c/(T+c)")
+    p.add_argument("--initial-labels", type=float, default=None,
+                   help="fraction of the budget asked about clips of the untrained policy")
+    p.add_argument("--pretrain-epochs", type=float, default=None,
+                   help="reward-model epochs over the initial labels before RL")
+    p.add_argument("--iteration-steps", type=int, default=None,
+                   help="environment steps per driver iteration (agent updates between label rounds)")
+    p.add_argument("--mistake-rate", type=float, default=0.0, help="oracle flips a label with this probability")
+    p.add_argument("--beta", type=float, default=math.inf, help="Boltzmann-rational oracle temperature (inf: perfect)")
+    p.add_argument("--myopic-gamma", type=float, default=1.0, help="oracle discount over a clip (1: none)")
+    p.add_argument("--skip-below", type=float, default=-math.inf, help="oracle skips when both clip returns are below")
+    p.add_argument("--tie-within", type=float, default=0.0, help="oracle ties when clip returns differ by at most this")
+    p.add_argument("--agent-config", "--ppo", dest="agent_config", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="override fields of the agent's preset, e.g. --agent-config lr=3e-4 ent_coef=0.01")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def agent_config(agent: str, env: str, overrides: list[str], base=None):
+    """The agent's preset for ``env`` (or ``base``) with FIELD=VALUE overrides (Python literals)."""
+    from rlhp_jax.agents import default_config
+
+    cfg = base if base is not None else default_config(agent, env)
+    changes = {}
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if not sep or not hasattr(cfg, name):
+            fields = ", ".join(f.name for f in dataclasses.fields(cfg))
+            raise ValueError(f"--agent-config expects FIELD=VALUE with FIELD one of: {fields}; got {item!r}")
+        current = getattr(cfg, name)
+        try:
+            parsed = value if isinstance(current, str) else ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--agent-config {name}: cannot parse {value!r}") from None
+        changes[name] = tuple(parsed) if isinstance(current, tuple) else type(current)(parsed)
+    return dataclasses.replace(cfg, **changes)
+
+
+def config_from_args(args: argparse.Namespace, domain: Domain):
+    from rlhp_jax.driver import RunConfig, with_ablation
+    from rlhp_jax.ensemble import EnsembleConfig
+    from rlhp_jax.teachers import SyntheticTeacher
+
+    tasks = domain.tasks()
+    if args.env not in tasks:
+        raise ValueError(f"Unknown environment {args.env!r} for {domain.prog}. Supported: {', '.join(tasks)}.")
+    if args.labels is not None and args.labels < 1 and not args.baseline:
+        raise ValueError(f"--labels must be at least 1 (got {args.labels}); use --baseline to train on the true reward.")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be positive, got {args.steps}")
+    if args.baseline and args.ablation:
+        raise ValueError("--baseline trains on the true reward: it cannot be combined with --ablation.")
+    d = domain.settings(args, args.env)
+    labels = d.pop("labels")
+    steps = d.pop("steps")
+    ens_base = d.pop("ensemble", EnsembleConfig())
+    ensemble = dataclasses.replace(ens_base, **({"num_members": args.members} if args.members is not None else {}))
+    agent_cfg = agent_config(args.agent, args.env, args.agent_config, d.pop("agent_config", None))
+    explicit = dict(segment_length=args.segment_length, rate_constant=args.rate_constant,
+                    initial_label_fraction=args.initial_labels, pretrain_epochs=args.pretrain_epochs,
+                    iteration_steps=args.iteration_steps, selection=args.selection,
+                    checkpoint_every=args.checkpoint_every)
+    d.update({k: v for k, v in explicit.items() if v is not None})
+    if args.initial_labels is not None:
+        d["initial_label_count"] = None
+    tag = "baseline" if args.baseline else f"{labels}labels" + (f"-{args.ablation}" if args.ablation else "")
+    out = args.out or f"{domain.out_root}/{args.env}-{args.agent}-{tag}-seed{args.seed}"
+    cfg = RunConfig(
+        env=args.env, total_steps=steps, labels=max(labels, 1), seed=args.seed, agent=args.agent,
+        agent_config=agent_cfg, reward_source="true" if args.baseline else "model", out=out,
+        ensemble=ensemble,
+        teacher=SyntheticTeacher(mistake_rate=args.mistake_rate, beta=args.beta, gamma=args.myopic_gamma,
+                                 skip_below=args.skip_below, tie_within=args.tie_within),
+        **d,
+    )
+    if args.ablation == "no_segments" and not domain.segments_ablation:
+        raise ValueError("The no_segments ablation is defined for the robotics tasks only (Christiano §3.3): "
+                         "the Atari reward model reads a stack of consecutive frames.")
+    return with_ablation(cfg, args.ablation)
+
+
+def _given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """Flags whose value differs from the default (other than --resume / --no-progress)."""
+    given = []
+    for action in parser._actions:
+        if action.dest in ("help", "resume", "no_progress"):
+            continue
+        if getattr(args, action.dest, None) != action.default:
+            given.append(action.option_strings[0])
+    return given
+
+
+def main(domain: Domain, argv=None) -> int:
+    parser = build_parser(domain)
+    args = parser.parse_args(argv)
+    try:
+        from rlhp_jax.driver import PreferenceRun, config_from_json
+
+        if args.resume:
+            run_dir = Path(args.resume)
+            flags = _given_flags(parser, args)
+            if flags:
+                raise ValueError(f"--resume continues a run with its saved configuration; drop {' '.join(flags)}.")
+            if not (run_dir / "config.json").is_file():
+                raise ValueError(f"Cannot resume {run_dir}: no config.json there (is it a run directory?).")
+            try:
+                cfg = config_from_json(json.loads((run_dir / "config.json").read_text()))
+            except (json.JSONDecodeError, TypeError, KeyError) as e:
+                raise ValueError(f"Cannot resume {run_dir}: config.json is unreadable ({e}).") from None
+            cfg = dataclasses.replace(cfg, out=str(run_dir))
+        else:
+            cfg = config_from_args(args, domain)
+        run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
+        summary = run.run()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except _checkpoint_error() as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")
+    return 0
+
+
+def _checkpoint_error():
+    from rlhp_jax.checkpoint import CheckpointError
+
+    return CheckpointError

@@ -1,0 +1,186 @@
+"""The full training system (issue 4): entry points end to end, ablations, resume after SIGKILL, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import atari, classic, mujoco
+from experiments.cli import build_parser, config_from_args
+from rlhp_jax.checkpoint import Checkpointer
+from rlhp_jax.driver import ABLATIONS, PreferenceRun
+from rlhp_jax.metrics import read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _outputs_ok(out: Path, iterations: int):
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
+    assert (out / "metrics.csv").read_text().startswith("iteration,env_steps")
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert Checkpointer(out / "checkpoints").latest_step() == iterations
+    summary = json.loads((out / "summary.json").read_text())
+    return rows, summary
+
+
+# ------------------------------------------------------------------ entry points, tiny budgets
+def test_mujoco_entry_point_trpo_end_to_end(tmp_path):
+    out = tmp_path / "cheetah"
+    rc = mujoco.main(["--env", "HalfCheetah", "--labels", "12", "--steps", "2048", "--pretrain-epochs", "2",
+                      "--agent-config", "num_envs=2", "num_steps=512", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    rows, summary = _outputs_ok(out, 2)
+    assert summary["agent"] == "trpo" and summary["labels"] == 12 == rows[-1]["labels"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rate_constant"] == 2e6 and cfg["agent_config"]["gamma"] == 0.995
+    assert all(np.isfinite(r["true_return"]) for r in rows)
+
+
+def test_atari_entry_point_a2c_end_to_end(tmp_path):
+    out = tmp_path / "pong"
+    rc = atari.main(["--env", "Pong", "--labels", "6", "--steps", "320", "--iteration-steps", "160",
+                     "--pretrain-epochs", "2", "--members", "1", "--agent-config", "num_envs=2",
+                     "--out", str(out), "--no-progress"])
+    assert rc == 0
+    rows, summary = _outputs_ok(out, 2)
+    assert summary["agent"] == "a2c" and summary["labels"] == 6
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["label_capacity"] == 3000 and cfg["initial_label_count"] == 500 and cfg["rate_constant"] == 5e6
+    # the initial labels are capped at the budget, so every label came from the untrained policy
+    assert rows[0]["labels"] == 6
+
+
+# ------------------------------------------------------------------ ablations change what they claim
+def _cfg(domain, argv):
+    return config_from_args(build_parser(domain).parse_args(argv), domain)
+
+
+def test_each_ablation_changes_what_it_claims():
+    base = _cfg(mujoco.DOMAIN, ["--env", "Hopper"])
+    assert base.selection == "disagreement" and base.ensemble.num_members == 3
+    got = {name: _cfg(mujoco.DOMAIN, ["--env", "Hopper", "--ablation", name]) for name in ABLATIONS}
+    assert got["random_queries"].selection == "random" and got["random_queries"].ensemble.num_members == 3
+    assert got["no_ensemble"].ensemble.num_members == 1 and got["no_ensemble"].selection == "random"
+    assert got["no_online_queries"].initial_label_fraction == 1.0
+    assert got["no_regularization"].ensemble.adaptive_l2 is False and base.ensemble.adaptive_l2 is True
+    assert got["no_segments"].segment_length == 1
+    assert got["target"].ensemble.loss == "target" and base.ensemble.loss == "preferences"
+    for name, cfg in got.items():
+        assert cfg.ablation == name
+    run = PreferenceRun(got["no_ensemble"], progress=False)
+    assert run.ensemble.config.num_members == 1
+    run = PreferenceRun(got["no_online_queries"], progress=False)
+    assert run.schedule.initial == run.schedule.total == 700
+    run = PreferenceRun(got["no_segments"], progress=False)
+    assert run.seg_len == 1
+
+
+def test_no_online_queries_collects_every_label_before_rl(tmp_path):
+    out = tmp_path / "offline"
+    rc = classic.main(["--env", "CartPole-v1", "--labels", "30", "--steps", "4096", "--ablation", "no_online_queries",
+                       "--out", str(out), "--no-progress"])
+    assert rc == 0
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["labels"] for r in rows] == [30, 30]
+
+
+# ------------------------------------------------------------------ resume after SIGKILL
+RESUME_ARGS = ["--env", "CartPole-v1", "--labels", "60", "--steps", "12288", "--seed", "0", "--checkpoint-every", "1"]
+
+
+def _start(out: Path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "experiments.classic", *RESUME_ARGS, "--out", str(out),
+                             "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_resume_after_sigkill_continues_the_same_run(tmp_path, cartpole_run):
+    out = tmp_path / "killed"
+    proc = _start(out)
+    ckpt = Checkpointer(out / "checkpoints")
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        step = ckpt.latest_step()
+        if step is not None and step >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed: " + proc.stdout.read().decode()[-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = ckpt.latest_step()
+    assert killed_at is not None and killed_at < 6
+    before = read_jsonl(out / "metrics.jsonl")[:killed_at]  # rows the checkpoint covers
+
+    rc = classic.main(["--resume", str(out), "--no-progress"])
+    assert rc == 0
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == list(range(1, 7))  # the step counter continues, no row twice
+    assert rows[:killed_at] == before and rows[-1]["labels"] == 60
+    # the resumed run is the same run: identical to the uninterrupted one (same seed, same config)
+    reference = read_jsonl(cartpole_run / "metrics.jsonl")
+    for key in ("labels", "queries", "true_return", "eval_return"):
+        assert [r.get(key) for r in rows] == pytest.approx([r.get(key) for r in reference], rel=1e-5), key
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    """The same configuration as RESUME_ARGS, run without interruption."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    assert classic.main([*RESUME_ARGS, "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "module, argv, message",
+    [
+        (atari, ["--env", "Hopper"], "Unknown environment 'Hopper' for python -m experiments.atari"),
+        (mujoco, ["--env", "Pong"], "Unknown environment 'Pong' for python -m experiments.mujoco"),
+        (atari, ["--agent", "trpo", "--steps", "1000"], "TRPO runs on vector-observation tasks"),
+        (atari, ["--ablation", "no_segments"], "defined for the robotics tasks only"),
+        (mujoco, ["--baseline", "--ablation", "target"], "cannot be combined with --ablation"),
+        (mujoco, ["--agent-config", "cg_iters"], "--agent-config expects FIELD=VALUE"),
+    ],
+)
+def test_bad_input_gives_clear_error(module, argv, message, capsys, tmp_path):
+    rc = module.main(argv + ["--out", str(tmp_path / "run"), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_from_missing_or_corrupt_checkpoint_is_refused_and_overwrites_nothing(tmp_path, capsys, cartpole_run):
+    assert classic.main(["--resume", str(tmp_path / "nowhere"), "--no-progress"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+    # a run directory whose checkpoints are all garbage
+    run = tmp_path / "corrupt"
+    run.mkdir()
+    (run / "config.json").write_text((cartpole_run / "config.json").read_text())
+    (run / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    ckdir = run / "checkpoints"
+    ckdir.mkdir()
+    (ckdir / "3").mkdir()
+    (ckdir / "3" / "garbage").write_bytes(b"\x00" * 64)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert classic.main(["--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "checkpoint" in err.lower() and "Traceback" not in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+    # resuming with other flags, and a fresh run into a directory that holds a run
+    assert classic.main(["--resume", str(cartpole_run), "--labels", "5", "--no-progress"]) == 2
+    assert "drop --labels" in capsys.readouterr().err
+    assert classic.main([*RESUME_ARGS, "--out", str(cartpole_run), "--no-progress"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
