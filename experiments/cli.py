@@ -122,7 +122,7 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
     if args.initial_labels is not None:
         d["initial_label_count"] = None
     tag = "baseline" if args.baseline else f"{labels}labels" + (f"-{args.ablation}" if args.ablation else "")
-    out = args.out or f"{domain.out_root}/{args.env}-{args.agent}-{tag}-seed{args.seed}"
+    out = args.out or _fresh_dir(f"{domain.out_root}/{args.env}-{args.agent}-{tag}-seed{args.seed}")
     cfg = RunConfig(
         env=args.env, total_steps=steps, labels=max(labels, 1), seed=args.seed, agent=args.agent,
         agent_config=agent_cfg, reward_source="true" if args.baseline else "model", out=out,
@@ -135,6 +135,16 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
         raise ValueError("The no_segments ablation is defined for the robotics tasks only (Christiano §3.3): "
                          "the Atari reward model reads a stack of consecutive frames.")
     return with_ablation(cfg, args.ablation)
+
+
+def _fresh_dir(path: str) -> str:
+    """The default output directory, or ``path-2``, ``path-3``… if a run is already there (an
+    explicit --out that holds a run is refused instead, so nothing is ever overwritten)."""
+    candidate, n = path, 1
+    while Path(candidate, "checkpoints").exists():
+        n += 1
+        candidate = f"{path}-{n}"
+    return candidate
 
 
 def _given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

@@ -184,3 +184,14 @@ def test_resume_from_missing_or_corrupt_checkpoint_is_refused_and_overwrites_not
     assert "drop --labels" in capsys.readouterr().err
     assert classic.main([*RESUME_ARGS, "--out", str(cartpole_run), "--no-progress"]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_default_output_directory_never_reuses_a_run(tmp_path):
+    from experiments.cli import _fresh_dir
+
+    base = tmp_path / "runs" / "CartPole-v1-ppo-200labels-seed0"
+    assert _fresh_dir(str(base)) == str(base)
+    (base / "checkpoints").mkdir(parents=True)
+    assert _fresh_dir(str(base)) == f"{base}-2"
+    (tmp_path / "runs" / "CartPole-v1-ppo-200labels-seed0-2" / "checkpoints").mkdir(parents=True)
+    assert _fresh_dir(str(base)) == f"{base}-3"

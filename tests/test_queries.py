@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import fast_jit
-from hypothesis import given
+from hypothesis import given, settings
 
 from rlhp_jax.queries import (
     gather_segments,
@@ -229,6 +229,7 @@ def test_sample_candidate_pairs_shapes_and_contents():
     np.testing.assert_array_equal(sub.true_reward[1], pairs.true_reward[2])
 
 
+@settings(max_examples=8)  # each length compiles anew
 @given(st.integers(1, T), st.integers(0, 2**31 - 1))
 def test_segment_sums_equal_summing_the_gathered_clips(length, seed):
     """Scoring candidates through cumulative sums gives the sums of the clips themselves."""
