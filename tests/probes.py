@@ -41,3 +41,29 @@ class ProbeEnv:
         out = StepOut(self._obs(), reward, jnp.zeros_like(boundary), boundary, received,
                       valid=jnp.ones_like(boundary), render=jnp.zeros((self.num_envs, 0)))
         return jnp.where(boundary, 0, t), out
+
+
+def probe_training(agent, env, num_updates: int, reset_key):
+    """A pure ``train(state, key) -> (state, params_after_each_update, rollouts, metrics)``:
+    ``num_updates`` rollouts of ``agent.config.num_steps`` steps on ``env``, each followed by an
+    update on the true reward (jit it; the agent tests share it)."""
+    import jax
+
+    from rlhp_jax.rollout import collect_rollout
+
+    def train(state, key):
+        env_state, obs = env.reset(reset_key)
+
+        def body(carry, k):
+            state, env_state, obs = carry
+            k_roll, k_upd = jax.random.split(k)
+            env_state, obs, ro = collect_rollout(env, agent.policy, state.params, env_state, obs, k_roll,
+                                                 agent.config.num_steps)
+            state, metrics = agent.update(state, ro, ro.true_reward, k_upd)
+            return (state, env_state, obs), (state.params, ro, metrics)
+
+        (state, _, _), (params, rollouts, metrics) = jax.lax.scan(
+            body, (state, env_state, obs), jax.random.split(key, num_updates))
+        return state, params, rollouts, metrics
+
+    return train

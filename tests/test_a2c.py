@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import fast_jit
-from probes import ProbeEnv
+from probes import ProbeEnv, probe_training
 
 from rlhp_jax.agents.a2c import A2C, A2CConfig, preset
 from rlhp_jax.envs import EnvSpec
-from rlhp_jax.rollout import Rollout, collect_rollout
+from rlhp_jax.rollout import Rollout
 
 # A tiny config: few envs, a small MLP, a large constant lr (the probe rewards have no future).
 TINY = A2CConfig(num_envs=4, num_steps=8, gamma=0.5, lr=1e-2, lr_decay_steps=None, hidden_sizes=(16,))
@@ -26,25 +26,8 @@ def _train_on_probe(continuous: bool, num_updates: int, seed: int = 0, config: A
     agent = A2C(env.spec, config, num_updates)
     k_init, k_reset, k_loop = jax.random.split(jax.random.PRNGKey(seed), 3)
 
-    def train(key):
-        state = agent._init(k_init)
-        env_state, obs = env.reset(k_reset)
-
-        def body(carry, k):
-            state, env_state, obs = carry
-            k_roll, k_upd = jax.random.split(k)
-            env_state, obs, ro = collect_rollout(
-                env, agent.policy, state.params, env_state, obs, k_roll, config.num_steps
-            )
-            state, metrics = agent.update(state, ro, ro.true_reward, k_upd)
-            return (state, env_state, obs), (ro, metrics)
-
-        (state, _, _), (rollouts, metrics) = jax.lax.scan(
-            body, (state, env_state, obs), jax.random.split(key, num_updates)
-        )
-        return state, rollouts, metrics
-
-    state, rollouts, metrics = fast_jit(train)(k_loop)
+    train = probe_training(agent, env, num_updates, k_reset)
+    state, _, rollouts, metrics = fast_jit(lambda k: train(agent._init(k_init), k))(k_loop)
     for name, m in metrics.items():
         assert np.all(np.isfinite(np.asarray(m))), name
     return agent, state, rollouts, metrics

@@ -11,7 +11,7 @@ import pytest
 
 from rlhp_jax.agents.common import compute_gae, evaluate
 from rlhp_jax.agents.ppo import PPO, PPOConfig
-from probes import ProbeEnv
+from probes import ProbeEnv, probe_training
 from rlhp_jax.envs import make_env
 from rlhp_jax.rollout import Rollout, collect_rollout
 
@@ -29,25 +29,7 @@ def _train_on_probe(continuous: bool, num_updates: int, seed: int = 0, config: P
     k_init, k_reset, k_loop = jax.random.split(jax.random.PRNGKey(seed), 3)
     init_state = agent.init(k_init)
 
-    @jax.jit
-    def train(state, key):
-        env_state, obs = env.reset(k_reset)
-
-        def body(carry, k):
-            state, env_state, obs = carry
-            k_roll, k_upd = jax.random.split(k)
-            env_state, obs, ro = collect_rollout(
-                env, agent.policy, state.params, env_state, obs, k_roll, config.num_steps
-            )
-            state, metrics = agent.update(state, ro, ro.true_reward, k_upd)
-            return (state, env_state, obs), (ro, metrics)
-
-        (state, _, _), (rollouts, metrics) = jax.lax.scan(
-            body, (state, env_state, obs), jax.random.split(key, num_updates)
-        )
-        return state, rollouts, metrics
-
-    state, rollouts, metrics = train(init_state, k_loop)
+    state, _, rollouts, metrics = jax.jit(probe_training(agent, env, num_updates, k_reset))(init_state, k_loop)
     assert np.all(np.isfinite(np.asarray(metrics["policy_loss"])))
     return env, agent, init_state, state, rollouts
 

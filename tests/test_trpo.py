@@ -16,8 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import fast_jit
-from probes import ProbeEnv
-from rlhp_jax.agents.common import compute_gae
+from probes import ProbeEnv, probe_training
 from rlhp_jax.agents.trpo import (
     TRPO,
     TRPOConfig,
@@ -45,24 +44,7 @@ def _train_on_probe(continuous: bool, num_updates: int, seed: int = 0, config: T
     k_init, k_reset, k_loop = jax.random.split(jax.random.PRNGKey(seed), 3)
     init_state = agent.init(k_init)
 
-    def train(state, key):
-        env_state, obs = env.reset(k_reset)
-
-        def body(carry, k):
-            state, env_state, obs = carry
-            k_roll, k_upd = jax.random.split(k)
-            env_state, obs, ro = collect_rollout(
-                env, agent.policy, state.params, env_state, obs, k_roll, config.num_steps
-            )
-            state, metrics = agent.update(state, ro, ro.true_reward, k_upd)
-            return (state, env_state, obs), (state.params, ro, metrics)
-
-        (state, _, _), (params, rollouts, metrics) = jax.lax.scan(
-            body, (state, env_state, obs), jax.random.split(key, num_updates)
-        )
-        return state, params, rollouts, metrics
-
-    state, params, rollouts, metrics = fast_jit(train)(init_state, k_loop)
+    state, params, rollouts, metrics = fast_jit(probe_training(agent, env, num_updates, k_reset))(init_state, k_loop)
     for name, m in metrics.items():
         assert np.all(np.isfinite(np.asarray(m))), name
     return agent, init_state, state, params, rollouts, metrics

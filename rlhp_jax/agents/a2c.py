@@ -18,14 +18,12 @@ count as reward 0 in the returns of the steps before them (see :meth:`A2C.target
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 
-from rlhp_jax.agents.common import Policy, compute_gae, weighted_mean
+from rlhp_jax.agents.common import ActorCriticAgent, AgentState, compute_gae, weighted_mean
 from rlhp_jax.envs import EnvSpec
 from rlhp_jax.rollout import Rollout
 
@@ -78,28 +76,18 @@ def preset(env_name: str) -> A2CConfig:
     return PRESETS.get(env_name, A2CConfig())
 
 
-@struct.dataclass
-class A2CState:
-    params: Any
-    opt_state: Any
-    step: jax.Array  # number of updates done
-
-
-class A2C:
+class A2C(ActorCriticAgent):
     """A2C for one :class:`EnvSpec`. All methods are pure; jit them (they are jit-friendly)."""
 
     def __init__(self, spec: EnvSpec, config: A2CConfig = A2CConfig(), total_updates: int | None = None):
-        self.spec = spec
-        self.config = config
-        self.total_updates = total_updates  # interface parity with PPO; the lr decay ignores it
-        self.pi = Policy(spec, config.hidden_sizes, config.activation, config.log_std_init, config.network)
+        self.config = config  # (total_updates: interface parity with PPO; the lr decay ignores it)
         # One gradient step per update, so the optimizer's step count is the update count.
         if config.optimizer == "rmsprop":
             opt = optax.rmsprop(self.lr_schedule, decay=config.rms_decay, eps=config.eps)
         else:
             opt = optax.adam(self.lr_schedule, eps=config.eps)
         self.tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), opt)
-        self._init_jit = jax.jit(self._init)
+        super().__init__(spec, config, total_updates)
 
     def lr_schedule(self, step) -> jax.Array:
         """Learning rate after ``step`` updates: ``lr · max(0, 1 − step·batch_size / lr_decay_steps)``
@@ -110,25 +98,6 @@ class A2C:
             return lr
         env_steps = jnp.asarray(step, jnp.float32) * cfg.batch_size
         return lr * jnp.clip(1.0 - env_steps / cfg.lr_decay_steps, 0.0, 1.0)
-
-    # -- public API -------------------------------------------------------------------------
-    def init(self, key: jax.Array) -> A2CState:
-        return self._init_jit(key)  # jitted: eager flax init (orthogonal QR etc.) is slow on CPU
-
-    def _init(self, key: jax.Array) -> A2CState:
-        params = self.pi.init_params(key)
-        return A2CState(params=params, opt_state=self.tx.init(params), step=jnp.zeros((), jnp.int32))
-
-    def policy(self, params, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Sample ``(action, log_prob, value)``; usable as ``policy_fn`` for collect_rollout."""
-        return self.pi.act(params, obs, key)
-
-    def act_deterministic(self, params, obs: jax.Array) -> jax.Array:
-        """Greedy action (argmax / clipped mean), as sent to the environment."""
-        return self.pi.mode(self.pi.forward(params, obs)[0])
-
-    def value(self, params, obs: jax.Array) -> jax.Array:
-        return self.pi.forward(params, obs)[1]
 
     def targets(self, rollout: Rollout, rewards: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``(advantages, returns)`` [T, N]: n-step returns bootstrapped from ``last_value`` and
@@ -151,7 +120,7 @@ class A2C:
         loss = pg_loss + self.config.vf_coef * v_loss - self.config.ent_coef * entropy
         return loss, dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy)
 
-    def update(self, state: A2CState, rollout: Rollout, rewards: jax.Array, key: jax.Array):
+    def update(self, state: AgentState, rollout: Rollout, rewards: jax.Array, key: jax.Array):
         """One A2C update (one gradient step) from a rollout and its rewards [T, N].
         Returns (state, metrics).  ``key`` is unused (A2C is deterministic given the rollout)."""
         del key
@@ -168,4 +137,4 @@ class A2C:
         metrics["lr"] = self.lr_schedule(state.step)
         metrics["value_target_mean"] = wmean(target)
         metrics["explained_var"] = 1.0 - var(resid) / (var(target) + 1e-8)
-        return A2CState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+        return AgentState(params=params, opt_state=opt_state, step=state.step + 1), metrics

@@ -30,6 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from rlhp_jax.envs import EnvSpec, VecEnv
 from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
@@ -192,6 +193,49 @@ class Policy:
         dist, value = self.forward(params, obs)
         action = self.sample(dist, key)
         return action, self.log_prob(dist, action), value
+
+
+@struct.dataclass
+class AgentState:
+    params: Any  # the actor-critic parameter tree
+    opt_state: Any  # the optimizer state (TRPO: of the value parameters only)
+    step: jax.Array  # number of updates done
+
+
+class ActorCriticAgent:
+    """What PPO, A2C and TRPO share: a :class:`Policy` built from the config's network fields,
+    and the acting half of the agent protocol.  Subclasses set ``self.tx`` (the optimizer whose
+    state ``init`` creates) and write ``update``."""
+
+    def __init__(self, spec: EnvSpec, config: Any, total_updates: int | None = None):
+        self.spec = spec
+        self.config = config
+        self.total_updates = total_updates
+        self.pi = Policy(spec, config.hidden_sizes, config.activation, config.log_std_init, config.network)
+        self._init_jit = jax.jit(self._init)
+
+    def init(self, key: jax.Array) -> AgentState:
+        return self._init_jit(key)  # jitted: eager flax init (orthogonal QR etc.) is slow on CPU
+
+    def _optimized_params(self, params):
+        """The part of the parameter tree ``self.tx`` updates (all of it, unless overridden)."""
+        return params
+
+    def _init(self, key: jax.Array) -> AgentState:
+        params = self.pi.init_params(key)
+        return AgentState(params=params, opt_state=self.tx.init(self._optimized_params(params)),
+                          step=jnp.zeros((), jnp.int32))
+
+    def policy(self, params, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Sample ``(action, log_prob, value)``; usable as ``policy_fn`` for collect_rollout."""
+        return self.pi.act(params, obs, key)
+
+    def act_deterministic(self, params, obs: jax.Array) -> jax.Array:
+        """Greedy action (argmax / clipped mean), as sent to the environment."""
+        return self.pi.mode(self.pi.forward(params, obs)[0])
+
+    def value(self, params, obs: jax.Array) -> jax.Array:
+        return self.pi.forward(params, obs)[1]
 
 
 def compute_gae(rewards: jax.Array, values: jax.Array, boundaries: jax.Array, last_value: jax.Array,

@@ -14,14 +14,12 @@ sample.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 
-from rlhp_jax.agents.common import Policy, compute_gae, weighted_mean
+from rlhp_jax.agents.common import ActorCriticAgent, AgentState, compute_gae, weighted_mean
 from rlhp_jax.envs import EnvSpec
 from rlhp_jax.rollout import Rollout
 
@@ -71,47 +69,17 @@ def preset(env_name: str) -> PPOConfig:
     return PRESETS.get(env_name, PPOConfig())
 
 
-@struct.dataclass
-class PPOState:
-    params: Any
-    opt_state: Any
-    step: jax.Array  # number of updates done
-
-
-class PPO:
+class PPO(ActorCriticAgent):
     """PPO for one :class:`EnvSpec`. All methods are pure; jit them (they are jit-friendly)."""
 
     def __init__(self, spec: EnvSpec, config: PPOConfig = PPOConfig(), total_updates: int | None = None):
-        self.spec = spec
-        self.config = config
-        self.total_updates = total_updates
-        self.pi = Policy(spec, config.hidden_sizes, config.activation, config.log_std_init, config.network)
         minibatch_updates = config.update_epochs * config.num_minibatches
         lr: float | optax.Schedule = config.lr
         if config.anneal_lr and total_updates:
             lr = optax.linear_schedule(config.lr, 0.0, total_updates * minibatch_updates)
         self._lr = lr
         self.tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(lr, eps=1e-5))
-        self._init_jit = jax.jit(self._init)
-
-    # -- public API -------------------------------------------------------------------------
-    def init(self, key: jax.Array) -> PPOState:
-        return self._init_jit(key)  # jitted: eager flax init (orthogonal QR etc.) is slow on CPU
-
-    def _init(self, key: jax.Array) -> PPOState:
-        params = self.pi.init_params(key)
-        return PPOState(params=params, opt_state=self.tx.init(params), step=jnp.zeros((), jnp.int32))
-
-    def policy(self, params, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Sample ``(action, log_prob, value)``; usable as ``policy_fn`` for collect_rollout."""
-        return self.pi.act(params, obs, key)
-
-    def act_deterministic(self, params, obs: jax.Array) -> jax.Array:
-        """Greedy action (argmax / clipped mean), as sent to the environment."""
-        return self.pi.mode(self.pi.forward(params, obs)[0])
-
-    def value(self, params, obs: jax.Array) -> jax.Array:
-        return self.pi.forward(params, obs)[1]
+        super().__init__(spec, config, total_updates)
 
     def _loss(self, params, batch):
         """PPO loss over the steps with ``valid`` set (a deferred-reset step's action was ignored
@@ -138,7 +106,7 @@ class PPO:
         )
         return loss, stats
 
-    def update(self, state: PPOState, rollout: Rollout, rewards: jax.Array, key: jax.Array):
+    def update(self, state: AgentState, rollout: Rollout, rewards: jax.Array, key: jax.Array):
         """One PPO update from a rollout and its rewards [T, N]. Returns (state, metrics)."""
         cfg = self.config
         adv, target = compute_gae(rewards, rollout.value, rollout.boundary, rollout.last_value, cfg.gamma,
@@ -171,4 +139,4 @@ class PPO:
             metrics["lr"] = self._lr(state.step * cfg.update_epochs * cfg.num_minibatches)
         else:
             metrics["lr"] = jnp.asarray(self._lr, jnp.float32)
-        return PPOState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+        return AgentState(params=params, opt_state=opt_state, step=state.step + 1), metrics

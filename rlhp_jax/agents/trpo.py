@@ -43,10 +43,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 from jax.flatten_util import ravel_pytree
 
-from rlhp_jax.agents.common import Policy, compute_gae, weighted_mean
+from rlhp_jax.agents.common import ActorCriticAgent, AgentState, compute_gae, weighted_mean
 from rlhp_jax.envs import EnvSpec
 from rlhp_jax.rollout import Rollout
 
@@ -134,46 +133,18 @@ def conjugate_gradient(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, i
     return jax.lax.while_loop(cond, body, init)[1]
 
 
-@struct.dataclass
-class TRPOState:
-    params: Any  # the whole actor-critic tree (policy and value parameters)
-    opt_state: Any  # Adam state of the value parameters only
-    step: jax.Array  # number of updates done
-
-
-class TRPO:
+class TRPO(ActorCriticAgent):
     """TRPO for one :class:`EnvSpec`. All methods are pure; jit them (they are jit-friendly).
 
     ``total_updates`` is accepted for the agent protocol's sake; TRPO has no schedule to anneal.
     """
 
     def __init__(self, spec: EnvSpec, config: TRPOConfig = TRPOConfig(), total_updates: int | None = None):
-        self.spec = spec
-        self.config = config
-        self.total_updates = total_updates
-        self.pi = Policy(spec, config.hidden_sizes, config.activation, config.log_std_init, config.network)
-        self.vf_tx = optax.adam(config.vf_lr)
-        self._init_jit = jax.jit(self._init)
+        self.tx = optax.adam(config.vf_lr)  # the value function's optimizer (the policy takes natural-gradient steps)
+        super().__init__(spec, config, total_updates)
 
-    # -- public API -------------------------------------------------------------------------
-    def init(self, key: jax.Array) -> TRPOState:
-        return self._init_jit(key)  # jitted: eager flax init (orthogonal QR etc.) is slow on CPU
-
-    def _init(self, key: jax.Array) -> TRPOState:
-        params = self.pi.init_params(key)
-        _, value_params = split_params(params)
-        return TRPOState(params=params, opt_state=self.vf_tx.init(value_params), step=jnp.zeros((), jnp.int32))
-
-    def policy(self, params, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Sample ``(action, log_prob, value)``; usable as ``policy_fn`` for collect_rollout."""
-        return self.pi.act(params, obs, key)
-
-    def act_deterministic(self, params, obs: jax.Array) -> jax.Array:
-        """Greedy action (argmax / clipped mean), as sent to the environment."""
-        return self.pi.mode(self.pi.forward(params, obs)[0])
-
-    def value(self, params, obs: jax.Array) -> jax.Array:
-        return self.pi.forward(params, obs)[1]
+    def _optimized_params(self, params):
+        return split_params(params)[1]
 
     # -- the update ---------------------------------------------------------------------------
     def _prepare(self, rollout: Rollout, rewards: jax.Array):
@@ -275,7 +246,7 @@ class TRPO:
         def minibatch_step(carry, mb):
             vp, opt_state = carry
             loss, grads = grad_fn(vp, policy_params, *mb)
-            updates, opt_state = self.vf_tx.update(grads, opt_state, vp)
+            updates, opt_state = self.tx.update(grads, opt_state, vp)
             return (optax.apply_updates(vp, updates), opt_state), loss
 
         def epoch(carry, epoch_key):
@@ -290,7 +261,7 @@ class TRPO:
         metrics = dict(value_loss_before=loss_before, value_loss=loss_after)
         return merge_params(policy_params, value_params), opt_state, metrics
 
-    def update(self, state: TRPOState, rollout: Rollout, rewards: jax.Array, key: jax.Array):
+    def update(self, state: AgentState, rollout: Rollout, rewards: jax.Array, key: jax.Array):
         """One TRPO update from a rollout and its rewards [T, N]. Returns (state, metrics).
 
         Metrics: ``surrogate_improvement`` (of the taken step; 0 when rejected),
@@ -309,4 +280,4 @@ class TRPO:
         metrics = {**pi_metrics, **vf_metrics}
         metrics["explained_var"] = 1.0 - var(resid) / (var(target) + 1e-8)
         metrics["value_target_mean"] = wmean(target)
-        return TRPOState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+        return AgentState(params=params, opt_state=opt_state, step=state.step + 1), metrics
