@@ -25,7 +25,6 @@ from rlhp_jax.agents.trpo import (
     preset,
     split_params,
 )
-from rlhp_jax.rollout import collect_rollout
 
 # A tiny config: compiles and trains in a few seconds on a 2-core CPU.  The probe's reward
 # depends only on the current action, so a short discount keeps the advantages clean.
