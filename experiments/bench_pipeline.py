@@ -13,7 +13,8 @@ For each task it builds the entry point's paper configuration (``experiments.ata
   predictor     the reward-model steps due per iteration (≈ 1 label processed per 10 RL steps),
                 on a full label buffer
   end to end    a real ``PreferenceRun`` for ``--iterations`` iterations (synthetic oracle,
-                labels, fits, metrics, checkpoints), the first iteration (compilation) excluded
+                labels, fits, metrics, checkpoints): the median time between iterations
+                (iterations that compile a new query-batch shape are outliers)
 
 and prints env steps/s for each and the end-to-end rate as a fraction of raw envpool.  Record
 the figures in BUILD_NOTES.md with the machine they ran on.
@@ -30,6 +31,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from experiments import atari, mujoco
 from experiments.bench_envs import raw_xla
@@ -97,12 +99,23 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
             return agent.update(s, r, rw, k)[0], None
         return jax.lax.scan(one, agent_state, (ro, rewards, jax.random.split(key, run.updates_per_iter)))[0]
 
+    if run.iteration_loop == "host":  # as the driver does it: CNN gradients outside loop bodies on CPU
+        one_update = jax.jit(agent.update)
+        updates_scan = updates
+
+        def updates(agent_state, ro, rewards, key):  # noqa: F811
+            for i, k in enumerate(jax.random.split(key, run.updates_per_iter)):
+                pick = lambda x: x[i]
+                agent_state = one_update(agent_state, jax.tree.map(pick, ro), rewards[i], k)[0]
+            return agent_state
+
+        t_update_scan = _best(updates_scan, agent_state, rollouts, rewards, key, repeats=repeats)
     t_update = _best(updates, agent_state, rollouts, rewards, key, repeats=repeats)
 
     # a label buffer full of clips from this rollout, labeled at random
     cap = min(cfg.label_capacity or cfg.labels, cfg.labels)
     buffer = ens.empty_buffer(cap, run.seg_len)
-    flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), rollouts)
+    flat = jax.tree.map(lambda x: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]), rollouts)
     n_pairs = min(cap, 256)
     starts = jax.random.randint(key, (n_pairs, 2), 0, flat.obs.shape[0] - run.seg_len)
     env_i = jax.random.randint(k1, (n_pairs, 2), 0, env.num_envs)
@@ -126,20 +139,23 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
     e2e_cfg = dataclasses.replace(cfg, total_steps=steps * iterations, out=os.path.join(tmp, "run"))
     PreferenceRun(e2e_cfg, progress=False).run()
     rows = read_jsonl(os.path.join(tmp, "run", "metrics.jsonl"))
-    e2e = (rows[-1]["env_steps"] - rows[0]["env_steps"]) / (rows[-1]["wall_s"] - rows[0]["wall_s"]) \
-        if len(rows) > 1 else float("nan")
+    # median iteration time: robust to the few iterations that compile a new query-batch shape
+    walls = np.diff([r["wall_s"] for r in rows])
+    e2e = steps / float(np.median(walls)) if len(walls) else float("nan")
 
     rate = lambda s: steps / s if s else None
     result = dict(
         task=task, agent=cfg.agent, num_envs=env.num_envs, steps_per_iteration=steps,
         updates_per_iteration=run.updates_per_iter, fit_steps_per_iteration=run.fit_steps,
-        members=ens.config.num_members, seconds=dict(acting=t_act, reward=t_reward, update=t_update,
+        members=ens.config.num_members, iteration_loop=run.iteration_loop, seconds=dict(acting=t_act, reward=t_reward, update=t_update,
                                                      predictor=t_fit, predictor_compile=t_fit_compile),
         steps_per_s=dict(raw_envpool=rate(raw_seconds), acting=rate(t_act), reward=rate(t_reward),
                          update=rate(t_update), predictor=rate(t_fit), end_to_end=e2e),
         cpus=os.cpu_count(), backend=jax.default_backend(), device=str(jax.devices()[0]),
         jax=jax.__version__,
     )
+    if run.iteration_loop == "host":
+        result["update_steps_per_s_inside_scan"] = steps / t_update_scan
     if raw_seconds:
         result["end_to_end_fraction_of_raw"] = e2e / rate(raw_seconds)
     return result
@@ -148,7 +164,7 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=["Pong", "HalfCheetah"])
-    p.add_argument("--iterations", type=int, default=3, help="iterations of the end-to-end run")
+    p.add_argument("--iterations", type=int, default=8, help="iterations of the end-to-end run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                    help="further entry-point flags, e.g. --extra --members 1 --iteration-steps 800")

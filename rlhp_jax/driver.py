@@ -262,17 +262,36 @@ class PreferenceRun:
                 **{f: cat(getattr(stacked, f)) for f in Rollout._fields if f not in ("last_obs", "last_value")},
                 last_obs=stacked.last_obs[-1], last_value=stacked.last_value[-1])
 
-        def iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
-            carry = (agent_state, env_state, obs, ens_state, reward_scale)
-            keys = key[None] if K == 1 else jax.random.split(key, K)  # K = 1: the key as it is
-            carry, (ro, rewards, member_r, metrics) = jax.lax.scan(one_update, carry, keys)
+        def split_keys(key):
+            return key[None] if K == 1 else jax.random.split(key, K)  # K = 1: the key as it is
+
+        def finish(carry, stacked):
             agent_state, env_state, obs, _, _ = carry
+            ro, rewards, member_r, metrics = stacked
             rollout = end_to_end(ro)
             rewards = rewards.reshape(K * T, *rewards.shape[2:])
             member_r = jnp.moveaxis(member_r, 1, 0)
             member_r = member_r.reshape(member_r.shape[0], K * T, *member_r.shape[3:])
             metrics = jax.tree.map(jnp.mean, metrics)
             return agent_state, env_state, obs, rollout, rewards, member_r, metrics
+
+        def iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
+            carry = (agent_state, env_state, obs, ens_state, reward_scale)
+            return finish(*jax.lax.scan(one_update, carry, split_keys(key)))
+
+        # XLA:CPU runs convolution gradients ~20x slower inside a loop body (BUILD_NOTES, jax#12868):
+        # with a CNN policy on CPU the K updates are a host loop over one compiled update.
+        self.iteration_loop = "host" if (jax.default_backend() == "cpu" and K > 1
+                                         and getattr(getattr(agent, "pi", None), "network", "") == "cnn") else "scan"
+        if self.iteration_loop == "host":
+            update_jit, finish_jit, keys_jit = jax.jit(one_update), jax.jit(finish), jax.jit(split_keys)
+
+            def host_iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
+                carry, outs = (agent_state, env_state, obs, ens_state, reward_scale), []
+                for k in keys_jit(key):
+                    carry, out = update_jit(carry, k)
+                    outs.append(out)
+                return finish_jit(carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outs))
 
         def rollout_only(agent_state, env_state, obs, ens_state, key):
             env_state, obs, rollout = collect_rollout(env, agent.policy, agent_state.params, env_state, obs, key,
@@ -307,7 +326,7 @@ class PreferenceRun:
                                                     excluded=~rollout.valid)
             return segment_return_correlation(pred.sum(-1), true.sum(-1))
 
-        self._iteration = jax.jit(iteration)
+        self._iteration = host_iteration if self.iteration_loop == "host" else jax.jit(iteration)
         self._rollout_only = jax.jit(rollout_only)
         self._candidates = jax.jit(candidates, static_argnums=4)
         self._label = jax.jit(self.cfg.teacher.label_pairs)
