@@ -161,8 +161,10 @@ def _given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
 def main(domain: Domain, argv=None) -> int:
     parser = build_parser(domain)
     args = parser.parse_args(argv)
+    from rlhp_jax.checkpoint import CheckpointError
+    from rlhp_jax.driver import PreferenceRun, config_from_json
+
     try:
-        from rlhp_jax.driver import PreferenceRun, config_from_json
 
         if args.resume:
             run_dir = Path(args.resume)
@@ -180,18 +182,9 @@ def main(domain: Domain, argv=None) -> int:
             cfg = config_from_args(args, domain)
         run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
         summary = run.run()
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except _checkpoint_error() as e:
+    except (ValueError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))
     print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")
     return 0
-
-
-def _checkpoint_error():
-    from rlhp_jax.checkpoint import CheckpointError
-
-    return CheckpointError

@@ -37,7 +37,8 @@ from rlhp_jax import queries
 from rlhp_jax.agents.common import evaluate, random_reward_stats
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
-from rlhp_jax.metrics import MetricsWriter, plot_learning_curve, read_jsonl, segment_return_correlation
+from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, plot_learning_curve, read_jsonl,
+                              segment_return_correlation)
 from rlhp_jax.preferences import check_labels, preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
@@ -410,7 +411,7 @@ class PreferenceRun:
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
         writer = MetricsWriter(out / "metrics.jsonl", append=True)
-        tb = _tensorboard(out / "tensorboard")
+        tb = TensorBoardWriter(out / "tensorboard")
         start = time.perf_counter()
 
         def save(it):
@@ -484,8 +485,7 @@ class PreferenceRun:
             row["wall_s"] = wall_before + time.perf_counter() - start
             row["steps_per_s"] = env_steps / row["wall_s"]
             writer.write(row)
-            if tb is not None:
-                tb.scalars(env_steps, row)
+            tb.scalars(env_steps, row)
             if it == self.num_iters or (cfg.checkpoint_every and it % cfg.checkpoint_every == 0) \
                     or (new_labels and cfg.checkpoint_on_labels):
                 save(it)
@@ -500,8 +500,7 @@ class PreferenceRun:
         if bar is not None:
             bar.close()
         writer.close()
-        if tb is not None:
-            tb.close()
+        tb.close()
         summary = self._summary(read_jsonl(out / "metrics.jsonl"), answered, asked)
         self.final = dict(agent_state=agent_state, ens_state=ens_state, buffer=buffer)
         return summary
@@ -536,12 +535,6 @@ class PreferenceRun:
                             title=f"{self.spec.name} — {cfg.agent.upper()} on {what}, {answered} labels, seed {cfg.seed}"
                                   + (f", ablation {cfg.ablation}" if cfg.ablation else ""))
         return summary
-
-
-def _tensorboard(logdir: Path):
-    from rlhp_jax.metrics import TensorBoardWriter
-
-    return TensorBoardWriter(logdir)
 
 
 def _finite(x) -> float | None:
