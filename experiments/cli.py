@@ -43,8 +43,9 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--agent", choices=AGENTS, default=domain.default_agent,
                    help=f"RL algorithm (default {domain.default_agent})")
-    p.add_argument("--teacher", choices=["synthetic"], default="synthetic",
-                   help="who labels: the synthetic oracle (true reward), optionally noisy (flags below)")
+    p.add_argument("--teacher", choices=["synthetic", "human"], default="synthetic",
+                   help="who labels: the synthetic oracle (true reward, optionally noisy: flags below), or people "
+                        "in a browser (human: a labeling page is served while the agent trains)")
     p.add_argument("--ablation", choices=sorted(ABLATIONS), default=None,
                    help="Christiano §3.3 ablation: " + "; ".join(f"{k}: {v}" for k, v in ABLATIONS.items()))
     p.add_argument("--baseline", action="store_true", help="train the same agent on the true reward instead")
@@ -70,6 +71,16 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--agent-config", "--ppo", dest="agent_config", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="override fields of the agent's preset, e.g. --agent-config lr=3e-4 ent_coef=0.01")
     p.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints")
+    h = p.add_argument_group("human labels (--teacher human)")
+    h.add_argument("--host", default="127.0.0.1", help="address of the labeling page (default: this machine only)")
+    h.add_argument("--port", type=int, default=8000, help="port of the labeling page (0: any free port)")
+    h.add_argument("--token", default=None,
+                   help="access token for the page ('auto' generates one); required with a non-loopback --host")
+    h.add_argument("--instructions", default=None,
+                   help="what labelers should prefer, in your words (default: the paper's text for its tasks)")
+    h.add_argument("--max-pending", type=int, default=None, help="pairs waiting for people at once (default 20)")
+    h.add_argument("--no-wait", action="store_true",
+                   help="start RL without waiting for answers to the first batch of pairs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -106,6 +117,10 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
         raise ValueError(f"--labels must be at least 1 (got {args.labels}); use --baseline to train on the true reward.")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be positive, got {args.steps}")
+    if args.teacher == "human" and args.baseline:
+        raise ValueError("--baseline trains on the true reward: it asks no one, so it cannot use --teacher human.")
+    if args.teacher == "human" and args.ablation == "target":
+        raise ValueError("The target ablation regresses on true returns: a person gives preferences, not returns.")
     if args.baseline and args.ablation:
         raise ValueError("--baseline trains on the true reward: it cannot be combined with --ablation.")
     d = domain.settings(args, args.env)
@@ -117,11 +132,14 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
     explicit = dict(segment_length=args.segment_length, rate_constant=args.rate_constant,
                     initial_label_fraction=args.initial_labels, pretrain_epochs=args.pretrain_epochs,
                     iteration_steps=args.iteration_steps, selection=args.selection,
-                    checkpoint_every=args.checkpoint_every)
+                    checkpoint_every=args.checkpoint_every, max_pending_queries=args.max_pending)
+    if args.teacher == "human":
+        d.update(label_source="human", wait_for_initial_labels=not args.no_wait)
     d.update({k: v for k, v in explicit.items() if v is not None})
     if args.initial_labels is not None:
         d["initial_label_count"] = None
-    tag = "baseline" if args.baseline else f"{labels}labels" + (f"-{args.ablation}" if args.ablation else "")
+    tag = "baseline" if args.baseline else f"{labels}labels" + (f"-{args.ablation}" if args.ablation else "") \
+        + ("-human" if args.teacher == "human" else "")
     out = args.out or _fresh_dir(f"{domain.out_root}/{args.env}-{args.agent}-{tag}-seed{args.seed}")
     cfg = RunConfig(
         env=args.env, total_steps=steps, labels=max(labels, 1), seed=args.seed, agent=args.agent,
@@ -147,15 +165,33 @@ def _fresh_dir(path: str) -> str:
     return candidate
 
 
+SERVER_FLAGS = ("host", "port", "token", "instructions")  # how the page is served, not part of the run
+
+
 def _given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """Flags whose value differs from the default (other than --resume / --no-progress)."""
     given = []
     for action in parser._actions:
-        if action.dest in ("help", "resume", "no_progress"):
+        if action.dest in ("help", "resume", "no_progress") + SERVER_FLAGS:
             continue
         if getattr(args, action.dest, None) != action.default:
             given.append(action.option_strings[0])
     return given
+
+
+def _start_labeling_page(cfg, args):
+    """The labeling page, served from this process while the agent trains (a thread)."""
+    from rlhp_jax.human.instructions import task_instructions
+    from rlhp_jax.human.server import ServerThread, create_app, resolve_token
+    from rlhp_jax.human.store import LabelStore
+
+    token = resolve_token(args.token)
+    title, text = task_instructions(cfg.env, args.instructions)
+    store = LabelStore(cfg.out)
+    server = ServerThread(create_app(store, token=token, title=title, instructions=text), args.host, args.port,
+                          token).start()
+    print(f"labeling page: {server.url}  (answers go to {store.path})", flush=True)
+    return server
 
 
 def main(domain: Domain, argv=None) -> int:
@@ -180,9 +216,17 @@ def main(domain: Domain, argv=None) -> int:
             cfg = dataclasses.replace(cfg, out=str(run_dir))
         else:
             cfg = config_from_args(args, domain)
+        from rlhp_jax.human.server import check_binding
+
+        check_binding(args.host, args.token)
         run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
-        summary = run.run()
-    except (ValueError, CheckpointError) as e:
+        server = _start_labeling_page(cfg, args) if cfg.label_source == "human" and cfg.reward_source == "model" else None
+        try:
+            summary = run.run()
+        finally:
+            if server is not None:
+                server.stop()
+    except (ValueError, CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))

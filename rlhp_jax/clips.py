@@ -662,6 +662,33 @@ def get_mujoco_renderer(task: str, width: int = 256, height: int = 256) -> Mujoc
         return _RENDERERS[key]
 
 
+# ------------------------------------------------------------------------------ segments
+
+
+def segment_frames(env: str, obs: Any, render: Any = None, render_fields: Sequence[str] = (),
+                   size: int = 256) -> tuple[np.ndarray, float]:
+    """``(frames, fps)`` of one trajectory segment as a person is shown it, for any task the
+    project runs: ``obs`` ``[T, *obs_shape]`` and ``render`` ``[T, R]`` as the rollout keeps
+    them (``render_fields`` names the R columns; MuJoCo's root position).  Frame t shows the
+    observation the agent acted on at step t; MuJoCo's root position is the one reported after
+    that step (one step ahead: a constant shift of about one step's travel)."""
+    obs = np.asarray(obs)
+    task = mujoco_task_name(env)
+    if task is not None:
+        render = np.zeros((obs.shape[0], 0)) if render is None else np.asarray(render)
+        info = {f: render[:, i] for i, f in enumerate(render_fields)}
+        qpos, qvel = reconstruct_state(task, obs, info)
+        renderer = get_mujoco_renderer(task, size, size)
+        return renderer.render_qpos(qpos, qvel), renderer.fps
+    from rlhp_jax.envpool_envs import is_envpool_env
+
+    if is_envpool_env(env):  # Atari: the agent's masked 84x84 frames
+        return atari_clip_frames(obs.astype(np.uint8), scale=max(1, round(size / 84))), ATARI_FPS
+    from rlhp_jax.classic_clips import CLASSIC_FPS, classic_clip_frames
+
+    return classic_clip_frames(env, obs, size=size), CLASSIC_FPS[env]
+
+
 # ----------------------------------------------------------------------------------- CLI
 
 from rlhp_jax.envpool_envs import ATARI_GAMES as PAPER_ATARI_GAMES  # noqa: E402 (the games with a mask)

@@ -83,6 +83,10 @@ class RunConfig:
     correlation_segments: int = 256  # fresh segments for corr(r̂, true)
     ensemble: EnsembleConfig = EnsembleConfig()
     teacher: SyntheticTeacher = SyntheticTeacher()
+    label_source: str = "synthetic"  # "synthetic" (the oracle above) or "human" (rlhp_jax.human: the web app)
+    max_pending_queries: int = 20  # human: pairs waiting for people at once (beyond the initial batch)
+    wait_for_initial_labels: bool = True  # human: answers to the initial batch before RL starts
+    query_max_age_steps: int | None = None  # human: withdraw pairs unanswered for this many env steps
     ablation: str | None = None  # recorded; applied by ``with_ablation``
     checkpoint_every: int = 10  # iterations between checkpoints (0: only at the end)
     checkpoint_on_labels: bool = True  # also checkpoint every iteration that added labels
@@ -107,6 +111,10 @@ class RunConfig:
             raise ValueError(f"Unknown ablation {self.ablation!r}. Available: {', '.join(ABLATIONS)}.")
         if self.segment_length is not None and self.segment_length < 1:
             raise ValueError(f"segment_length must be >= 1, got {self.segment_length}")
+        if self.label_source not in ("synthetic", "human"):
+            raise ValueError(f"label_source must be 'synthetic' or 'human', got {self.label_source!r}")
+        if self.max_pending_queries < 1:
+            raise ValueError(f"max_pending_queries must be >= 1, got {self.max_pending_queries}")
 
 
 def with_ablation(cfg: RunConfig, name: str | None) -> RunConfig:
@@ -318,8 +326,9 @@ class PreferenceRun:
             t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
             take = lambda x: queries.gather_segments(x, t0, env_idx, self.seg_len).reshape(
                 q, 2, self.seg_len, *x.shape[2:])
-            return labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
-                                           true_reward=take(rollout.true_reward))
+            pairs = labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
+                                            true_reward=take(rollout.true_reward))
+            return pairs, take(rollout.render)  # render: what a clip of the pair needs (MuJoCo root position)
 
         def correlation(rollout: Rollout, rewards, key):
             _, pred, true = queries.sample_segments(key, rollout.obs, rewards, rollout.true_reward,
@@ -346,7 +355,7 @@ class PreferenceRun:
             q = min(_bucket(n), 1024)
             take = min(n, q)
             key, k_c, k_t, k_a = jax.random.split(key, 4)
-            pairs = self._candidates(member_r, rollout, k_c, take, q)
+            pairs, _ = self._candidates(member_r, rollout, k_c, take, q)
             mu, ok = self._label(k_t, pairs)
             mask = (jnp.arange(q) < take) & ok
             check_labels(np.asarray(mu)[np.asarray(mask)])
@@ -355,6 +364,45 @@ class PreferenceRun:
             answered += int(mask.sum())
             n -= take
         return buffer, asked, answered
+
+    # ------------------------------------------------------------------ human labels
+    def _ask_people(self, member_r, rollout, key, n: int, env_steps: int) -> int:
+        """Select ``n`` pairs as for the oracle and queue them for people (rendered off this thread)."""
+        asked = 0
+        while n > 0:
+            q = min(_bucket(n), 1024)
+            take = min(n, q)
+            key, k_c = jax.random.split(key)
+            pairs, render = self._candidates(member_r, rollout, k_c, take, q)
+            arrays = dict(obs=np.asarray(pairs.obs[:take]), action=np.asarray(pairs.action[:take]),
+                          true_reward=np.asarray(pairs.true_reward[:take]), render=np.asarray(render[:take]))
+            self.human.ask(arrays, [dict(env_steps=env_steps)] * take)
+            asked += take
+            n -= take
+        return asked
+
+    def _take_answers(self, buffer, key, cursor: int):
+        """Add the answers recorded since ``cursor`` to the label set; "can't tell" is kept in
+        the store but not trained on.  Returns (buffer, cursor, answers, trainable labels)."""
+        labels, pairs, mu, cursor = self.human.collect(cursor)
+        n = len(labels)
+        trainable = 0
+        for lo in range(0, n, 1024):
+            hi = min(n, lo + 1024)
+            q = _bucket(hi - lo)
+            pad = lambda x: np.concatenate([x[lo:hi], np.zeros((q - (hi - lo), *x.shape[1:]), x.dtype)])
+            batch = labels_lib.SegmentPairs(obs=jnp.asarray(pad(pairs["obs"])), action=jnp.asarray(pad(pairs["action"])),
+                                            true_reward=jnp.asarray(pad(pairs["true_reward"]), jnp.float32))
+            m = pad(mu)
+            mask = (np.arange(q) < hi - lo) & np.isfinite(m)
+            key, k_a = jax.random.split(key)
+            buffer = self._add(buffer, k_a, batch, jnp.asarray(np.nan_to_num(m)), jnp.asarray(mask))
+            trainable += int(mask.sum())
+        return buffer, cursor, n, trainable
+
+    def _publish(self, **facts):
+        """What the page shows about the trainer (labels due, answers used, progress)."""
+        self.human.store.set_meta(updated=time.time(), **facts)
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpointer(self):
@@ -384,6 +432,7 @@ class PreferenceRun:
         capacity = min(cfg.label_capacity or cfg.labels, cfg.labels)  # never more slots than labels
         buffer = self.ensemble.empty_buffer(capacity, self.seg_len)
         asked = answered = 0
+        responses = cursor = 0  # human: answers consumed (incl. "can't tell") and the store id of the last one
         start_iter, wall_before = 1, 0.0
         tracker = EpisodeTracker(self.env.num_envs)
         ckpt = self._checkpointer()
@@ -396,6 +445,7 @@ class PreferenceRun:
                 env_state, obs = state["env_state"], state["obs"]
             start_iter = int(meta["iteration"]) + 1
             asked, answered = int(meta["queries"]), int(meta["labels"])
+            responses, cursor = int(meta.get("responses", answered)), int(meta.get("human_cursor", 0))
             wall_before = float(meta.get("wall_s", 0.0))
             tracker = EpisodeTracker(self.env.num_envs, meta.get("episode_sums"))
             reward_scale = jnp.asarray(meta["reward_scale"], jnp.float32)
@@ -410,12 +460,18 @@ class PreferenceRun:
                                  "or choose another --out.")
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+        human = learn and cfg.label_source == "human"
+        if human:
+            from rlhp_jax.human.teacher import HumanTeacher
+
+            self.human = HumanTeacher(out, cfg.env, render_fields=getattr(self.env, "render_fields", ()))
         writer = MetricsWriter(out / "metrics.jsonl", append=True)
         tb = TensorBoardWriter(out / "tensorboard")
         start = time.perf_counter()
 
         def save(it):
-            meta = dict(iteration=it, queries=asked, labels=answered, wall_s=wall_before + time.perf_counter() - start,
+            meta = dict(iteration=it, queries=asked, labels=answered, responses=responses, human_cursor=cursor,
+                        wall_s=wall_before + time.perf_counter() - start,
                         episode_sums=tracker.sums.tolist(), reward_scale=np.asarray(reward_scale).tolist())
             ckpt.save(it, self._saveable(agent_state, ens_state, buffer, key, env_state, obs), meta)
 
@@ -423,8 +479,28 @@ class PreferenceRun:
             # Christiano A: the first comparisons are of clips from the untrained policy.
             key, k_roll, k_q, k_fit = jax.random.split(key, 4)
             env_state, obs, rollout, member_r = self._rollout_only(agent_state, env_state, obs, ens_state, k_roll)
-            buffer, a, b = self._query(member_r, buffer, rollout, k_q, self.schedule.initial)
-            asked, answered = asked + a, answered + b
+            if human:
+                initial = self.schedule.initial
+                buffer, cursor, responses, answered = self._take_answers(buffer, k_q, cursor)
+                earlier = responses + self.human.pending()  # an earlier start in this directory (same seed)
+                if earlier:
+                    self.log(f"reusing {responses} answers and {earlier - responses} open pairs already in {out}")
+                asked = earlier + self._ask_people(member_r, rollout, k_q, max(0, initial - earlier), 0)
+                self._publish(labels_due=initial, responses=responses, env_steps=0, total_steps=self.num_iters
+                              * self.steps_per_iter, state="waiting for the first labels")
+                last_log = 0.0
+                while cfg.wait_for_initial_labels and responses < initial:
+                    key, k_a = jax.random.split(key)
+                    buffer, cursor, got, usable = self._take_answers(buffer, k_a, cursor)
+                    responses, answered = responses + got, answered + usable
+                    if time.monotonic() - last_log > 15:
+                        self.log(f"waiting for people: {responses} of the first {initial} answers "
+                                 f"(RL starts when they are in)")
+                        last_log = time.monotonic()
+                    time.sleep(0.5)
+            else:
+                buffer, a, b = self._query(member_r, buffer, rollout, k_q, self.schedule.initial)
+                asked, answered = asked + a, answered + b
             if self.pretrain_steps > 0:
                 ens_state, _ = self._fit(ens_state, buffer, k_fit, self.pretrain_steps)
             save(0)
@@ -446,12 +522,28 @@ class PreferenceRun:
             row: dict[str, Any] = {"iteration": it, "env_steps": env_steps}
             new_labels = False
             evaluate_now = it % cfg.eval_every == 0 or it == self.num_iters
-            if learn:
+            if human:
+                due = int(self.schedule.due(env_steps))
+                k_q, k_a = jax.random.split(k_q)
+                buffer, cursor, got, usable = self._take_answers(buffer, k_a, cursor)
+                responses, answered, new_labels = responses + got, answered + usable, got > 0
+                if cfg.query_max_age_steps:
+                    self.human.withdraw_older_than(env_steps - cfg.query_max_age_steps)
+                pending = self.human.pending()
+                n = min(due - responses - pending, cfg.max_pending_queries - pending)
+                if n > 0:
+                    asked += self._ask_people(member_r, rollout, k_q, n, env_steps)
+                row.update(labels_due=due, label_responses=responses, label_gap=due - responses,
+                           labels_pending=self.human.pending(), label_cant_tell=responses - answered)
+                self._publish(labels_due=due, responses=responses, env_steps=env_steps,
+                              total_steps=self.num_iters * self.steps_per_iter, state="training")
+            elif learn:
                 due = int(self.schedule.due(env_steps))
                 if due > asked:
                     buffer, a, b = self._query(member_r, buffer, rollout, k_q, due - asked)
                     asked, answered = asked + a, answered + b
                     new_labels = True
+            if learn:
                 row["labels_due"] = due
                 t2 = time.perf_counter()
                 if self.fit_steps > 0 and answered > 0:
@@ -499,6 +591,9 @@ class PreferenceRun:
                 bar.set_postfix(post)
         if bar is not None:
             bar.close()
+        if human:
+            self.human.close()
+            self._publish(state="finished")
         writer.close()
         tb.close()
         summary = self._summary(read_jsonl(out / "metrics.jsonl"), answered, asked)

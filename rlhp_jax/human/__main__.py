@@ -1,0 +1,239 @@
+"""``python -m rlhp_jax.human``: the labeling app without (or beside) a trainer.
+
+  serve   --run DIR            the page for a run's label store (the trainer may be another process)
+  label   --queue FILE         label a saved set of pairs, no trainer: every labeler sees every pair
+  queue   --env ENV --out DIR  make such a set from a random policy (clips + segments + queue.jsonl)
+  export  --run DIR --out F    pairs and answers to JSONL (segments embedded)
+  import  --run DIR --file F   JSONL into a store (idempotent)
+  stats   --run DIR | --file F answers per labeler, response times, agreement between labelers and with the oracle
+  fit     --file F             train a reward ensemble offline on a labeled set; held-out accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    p.add_argument("--token", default=None,
+                   help="access token every request must carry ('auto' generates one); required beyond localhost")
+    p.add_argument("--instructions", default=None,
+                   help="what the labelers should prefer, in your words (default: the paper's text for its tasks)")
+    p.add_argument("--lease", type=float, default=120.0, help="seconds a pair stays with one labeler")
+
+
+def _store_for(args) -> "LabelStore":  # noqa: F821
+    from rlhp_jax.human.store import LabelStore
+
+    if getattr(args, "run", None):
+        run = Path(args.run)
+        if not run.is_dir():
+            raise ValueError(f"{run}: no such run directory")
+        return LabelStore(run)
+    queue = Path(args.queue)
+    return LabelStore(queue.parent, path=queue.with_suffix(".sqlite"))
+
+
+def serve_forever(store, env: str | None, args, stop_when=None) -> None:
+    from rlhp_jax.human.instructions import task_instructions
+    from rlhp_jax.human.server import ServerThread, create_app, resolve_token
+
+    token = resolve_token(args.token)
+    title, text = task_instructions(env or "", args.instructions)
+    app = create_app(store, token=token, title=title, instructions=text, lease_s=args.lease)
+    with ServerThread(app, args.host, args.port, token) as server:
+        print(f"labeling page: {server.url}", flush=True)
+        try:
+            while stop_when is None or not stop_when():
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    c = store.counts()
+    print(f"{c['labels']} answers from {c['labelers']} labeler(s) on {c['queries']} pairs; {c['open']} still open")
+
+
+def _env_of(store) -> str | None:
+    cfg = store.root / "config.json"
+    if cfg.is_file():
+        return json.loads(cfg.read_text()).get("env")
+    row = store._conn().execute("SELECT info FROM queries LIMIT 1").fetchone()
+    return json.loads(row["info"]).get("env") if row else None
+
+
+def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
+    """``pairs`` pairs of segments of a uniformly random policy, rendered, in a fresh directory
+    ``out`` with ``queue.jsonl``: a set to label with ``label --queue``."""
+    import jax
+    import numpy as np
+
+    from rlhp_jax.envs import make_env
+    from rlhp_jax.human.exchange import export_jsonl
+    from rlhp_jax.human.store import LabelStore
+    from rlhp_jax.human.teacher import HumanTeacher
+    from rlhp_jax.rollout import clip_action, collect_rollout
+
+    out = Path(out)
+    if (out / "queue.jsonl").exists():
+        raise ValueError(f"{out} already holds a queue; choose another --out")
+    if pairs < 1:
+        raise ValueError(f"--pairs must be at least 1, got {pairs}")
+    env_ = make_env(env, 8)
+    spec = env_.spec
+    seg = spec.segment_length
+
+    def policy(params, obs, key):
+        n = obs.shape[0]
+        if spec.discrete:
+            a = jax.random.randint(key, (n,), 0, spec.num_actions)
+        else:
+            a = jax.random.uniform(key, (n, spec.num_actions), minval=-1.0, maxval=1.0)
+        return a, jax.numpy.zeros(n), jax.numpy.zeros(n)
+
+    key = jax.random.PRNGKey(seed)
+    state, obs = env_.reset(key)
+    steps = max(4 * seg, seg + pairs)
+    _, _, ro = collect_rollout(env_, policy, None, state, obs, key, steps)
+    rng = np.random.default_rng(seed)
+    t0 = rng.integers(0, steps - seg + 1, size=(pairs, 2))
+    e = rng.integers(0, env_.num_envs, size=(pairs, 2))
+    idx = t0[..., None] + np.arange(seg)  # [P, 2, T]
+    take = lambda x: np.asarray(x)[idx, e[..., None]]
+    arrays = dict(obs=take(ro.obs), action=take(clip_action(spec, ro.action)), true_reward=take(ro.true_reward),
+                  render=take(ro.render))
+    store = LabelStore(out, path=out / "queue.sqlite")
+    teacher = HumanTeacher(out, env, render_fields=getattr(env_, "render_fields", ()), wanted=0, store=store)
+    teacher.ask(arrays, [dict(env_steps=0, policy="random", seed=seed)] * pairs)
+    teacher.close()
+    export_jsonl(store, out / "queue.jsonl")
+    return out / "queue.jsonl"
+
+
+def fit_offline(file: str, members: int = 3, steps: int = 2000, seed: int = 0, labeler: str | None = None) -> dict:
+    """Train a reward ensemble on a labeled set; returns held-out (1/e) accuracy and, where the
+    pairs carry true rewards, how often the model agrees with the oracle on every labeled pair."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rlhp_jax import labels as labels_lib
+    from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
+    from rlhp_jax.envs import make_env
+    from rlhp_jax.human.exchange import load_labeled
+    from rlhp_jax.reward_models import reward_model_spec_for
+
+    arrays, mu, env = load_labeled(file, labeler)
+    spec = make_env(env, 1).spec
+    ens = RewardEnsemble(reward_model_spec_for(spec), dataclasses.replace(EnsembleConfig(), num_members=members,
+                                                                          reward_std=spec.reward_std))
+    n, seg = mu.shape[0], arrays["obs"].shape[2]
+    key = jax.random.PRNGKey(seed)
+    k_init, k_add, k_fit = jax.random.split(key, 3)
+    state = ens.init(k_init)
+    buffer = ens.empty_buffer(n, seg)
+    pairs = labels_lib.SegmentPairs(obs=jnp.asarray(arrays["obs"]), action=jnp.asarray(arrays["action"]),
+                                    true_reward=jnp.asarray(arrays["true_reward"], jnp.float32))
+    buffer = labels_lib.add_labels(buffer, k_add, pairs, jnp.asarray(mu))
+    state, _ = ens.fitter()(state, buffer, k_fit, steps)
+    ev = ens.evaluate(state, buffer)
+    r = np.asarray(ens.normalized_member_rewards(state, pairs.obs.reshape(-1, *pairs.obs.shape[3:]),
+                                                 pairs.action.reshape(-1, *pairs.action.shape[3:]))).mean(0)
+    ret = r.reshape(n, 2, seg).sum(-1)
+    strict = mu != 0.5
+    true_ret = arrays["true_reward"].sum(-1)
+    return dict(env=env, answers=int(n), members=members, steps=steps,
+                val_accuracy=float(np.nanmean(np.asarray(ev["val_accuracy"]))),
+                train_agreement=float(np.mean((ret[strict, 0] > ret[strict, 1]) == (mu[strict] == 1.0)))
+                if strict.any() else None,
+                labels_agree_with_oracle=float(np.mean((true_ret[strict, 0] > true_ret[strict, 1]) == (mu[strict] == 1.0)))
+                if strict.any() else None)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlhp_jax.human", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("serve", help="serve the labeling page for a run directory")
+    p.add_argument("--run", required=True)
+    _server_flags(p)
+    p = sub.add_parser("label", help="label a saved queue of pairs, no trainer")
+    p.add_argument("--queue", required=True, help="a queue.jsonl (from `queue` or `export`)")
+    p.add_argument("--once", action="store_true", help="each pair answered once in all (default: by every labeler)")
+    _server_flags(p)
+    p = sub.add_parser("queue", help="make a queue of random-policy pairs to label")
+    p.add_argument("--env", required=True)
+    p.add_argument("--pairs", type=int, default=50)
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("export", help="pairs and answers to JSONL")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--run")
+    g.add_argument("--queue")
+    p.add_argument("--out", required=True)
+    p.add_argument("--labeled-only", action="store_true")
+    p = sub.add_parser("import", help="JSONL into a run's store")
+    p.add_argument("--run", required=True)
+    p.add_argument("--file", required=True)
+    p = sub.add_parser("stats", help="answers per labeler, agreement")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--run")
+    g.add_argument("--queue")
+    g.add_argument("--file")
+    p = sub.add_parser("fit", help="train a reward ensemble on a labeled JSONL set")
+    p.add_argument("--file", required=True)
+    p.add_argument("--members", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--labeler", default=None, help="only this labeler's answers")
+    args = parser.parse_args(argv)
+
+    from rlhp_jax.human import exchange
+
+    try:
+        if args.cmd == "serve":
+            store = _store_for(args)
+            serve_forever(store, _env_of(store), args)
+        elif args.cmd == "label":
+            queue = Path(args.queue)
+            store = _store_for(args)
+            added = exchange.import_jsonl(store, queue, wanted=1 if args.once else 0)
+            print(f"{added['pairs']} new pairs ({added['skipped_pairs']} already there); answers go to {store.path}")
+            serve_forever(store, _env_of(store), args)
+            print(f"export them with: python -m rlhp_jax.human export --queue {queue} --out labels.jsonl")
+        elif args.cmd == "queue":
+            path = make_queue(args.env, args.pairs, args.out, args.seed)
+            print(f"{args.pairs} pairs in {path}; label them with: python -m rlhp_jax.human label --queue {path}")
+        elif args.cmd == "export":
+            store = _store_for(args)
+            n = exchange.export_jsonl(store, args.out, labeled_only=args.labeled_only)
+            print(f"{n} pairs written to {args.out}")
+        elif args.cmd == "import":
+            added = exchange.import_jsonl(_store_for(args), args.file)
+            print(json.dumps(added))
+        elif args.cmd == "stats":
+            if args.file:
+                lines = exchange.read_jsonl(args.file)
+            else:
+                store = _store_for(args)
+                tmp = store.root / ".stats.jsonl"
+                exchange.export_jsonl(store, tmp, embed_segments=False)
+                lines = exchange.read_jsonl(tmp)
+                tmp.unlink()
+            print(json.dumps(exchange.agreement_stats(lines), indent=2))
+        elif args.cmd == "fit":
+            print(json.dumps(fit_offline(args.file, args.members, args.steps, args.seed, args.labeler), indent=2))
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""The label store (layer 4: data): queries shown to people and their answers, in SQLite.
+
+One file, ``labels.sqlite``, in a run directory (or beside a saved queue), opened in WAL mode
+with ``synchronous=FULL``: every answer is one committed transaction before the page hears
+"recorded", so killing the server or the trainer (even SIGKILL) loses nothing that was
+acknowledged, and a restarted server offers the same open pairs again.  The trainer and the
+web server may be different processes; SQLite's locking keeps them consistent.
+
+Tables
+  ``queries`` — one row per pair: its clips (paths relative to the store's root directory,
+  never outside it), the saved segment arrays the trainer learns from, how many distinct
+  labelers should answer it (``wanted``: 1 while training; 0 means every labeler, for
+  agreement studies), whether the trainer withdrew it, and ``info`` (task, steps, the true
+  returns for diagnostics — never shown on the page).
+  ``leases`` — one row per offer of a pair to a labeler: a random token, when it was offered
+  and when the offer lapses.  A pair is offered to one person at a time; when the lease lapses
+  it is offered again.  Old leases are kept, so a late answer still identifies its offer.
+  ``labels`` — one row per answer (``left``, ``right``, ``tie``, ``cant_tell``), with the
+  labeler, the time and the response time (offer to answer).  ``UNIQUE(query, labeler)``:
+  a second answer from the same person is a no-op, never a second label.
+  ``meta`` — small key/value facts the trainer publishes for the page (labels due, …).
+
+Answer semantics: the first answer from a labeler counts.  A repeated or late submission is
+idempotent: it reports what was recorded and writes nothing.  A late answer to a pair that no
+one else has answered yet is still recorded (a label is worth keeping).  An answer to a
+withdrawn pair is refused.  Labels map to the preference μ of Christiano §2.2: left → 1
+(σ¹ preferred), right → 0, tie → 0.5; "can't tell" is kept but never trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+CHOICES = ("left", "right", "tie", "cant_tell")
+MU = {"left": 1.0, "right": 0.0, "tie": 0.5, "cant_tell": None}
+DEFAULT_LEASE_S = 120.0  # a pair not answered in 2 minutes goes back to the queue
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queries (
+    id TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    left_clip TEXT NOT NULL,
+    right_clip TEXT NOT NULL,
+    segments TEXT,
+    wanted INTEGER NOT NULL DEFAULT 1,
+    withdrawn REAL,
+    info TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS leases (
+    token TEXT PRIMARY KEY,
+    query_id TEXT NOT NULL REFERENCES queries(id),
+    labeler TEXT NOT NULL,
+    offered REAL NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_query ON leases(query_id, expires);
+CREATE TABLE IF NOT EXISTS labels (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    query_id TEXT NOT NULL REFERENCES queries(id),
+    labeler TEXT NOT NULL,
+    choice TEXT NOT NULL CHECK (choice IN ('left', 'right', 'tie', 'cant_tell')),
+    created REAL NOT NULL,
+    offered REAL,
+    response_s REAL,
+    UNIQUE (query_id, labeler)
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class StoreError(Exception):
+    """Base of the errors a client can cause; ``status`` is the HTTP status the server answers."""
+
+    status = 400
+
+
+class UnknownQuery(StoreError):
+    status = 404
+
+
+class QueryWithdrawn(StoreError):
+    status = 410
+
+
+class BadLease(StoreError):
+    status = 409
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    query_id: str
+    token: str
+    labeler: str
+    left_clip: str
+    right_clip: str
+    offered: float
+    expires: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Label:
+    id: int
+    query_id: str
+    labeler: str
+    choice: str
+    created: float
+    offered: float | None
+    response_s: float | None
+
+    @property
+    def mu(self) -> float | None:
+        return MU[self.choice]
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    recorded: bool  # False: this labeler had already answered, or the pair had its answers
+    label: Label | None  # the label now on record for this labeler (None if the pair was full)
+    reason: str = ""
+
+
+def check_labeler(name: str) -> str:
+    name = (name or "").strip()
+    if not 1 <= len(name) <= 64 or not all(c.isalnum() or c in "-_.@ " for c in name):
+        raise StoreError("labeler must be 1-64 characters of letters, digits, spaces and - _ . @")
+    return name
+
+
+class LabelStore:
+    """Thread- and process-safe access to one ``labels.sqlite``.
+
+    ``root`` is the directory clip and segment paths are relative to (the run directory);
+    ``clock`` is injectable so lease expiry can be tested without sleeping.
+    """
+
+    FILENAME = "labels.sqlite"
+
+    def __init__(self, root: str | os.PathLike, path: str | os.PathLike | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path) if path is not None else self.root / self.FILENAME
+        self.clock = clock
+        self._local = threading.local()
+        self._conn().executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); executescript manages its own commit
+
+    # ------------------------------------------------------------------ connections
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")  # an acknowledged answer survives power loss too
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+        return conn
+
+    class _Tx:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def __enter__(self):
+            self.conn.execute("BEGIN IMMEDIATE")  # one writer at a time: leases and answers never race
+            return self.conn
+
+        def __exit__(self, exc_type, *_):
+            self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def _tx(self):
+        return self._Tx(self._conn())
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # ------------------------------------------------------------------ paths
+    def relative(self, path: str | os.PathLike) -> str:
+        """``path`` as stored: relative to the root, refused if it leaves the root."""
+        p = Path(path)
+        full = (p if p.is_absolute() else self.root / p).resolve()
+        if not full.is_relative_to(self.root):
+            raise StoreError(f"path {str(path)!r} is outside {self.root}")
+        return full.relative_to(self.root).as_posix()
+
+    def resolve(self, stored: str) -> Path:
+        """The file behind a stored relative path; raises if it would leave the root (a
+        tampered database or symlink cannot make the server read outside the run)."""
+        full = (self.root / stored).resolve()
+        if not full.is_relative_to(self.root):
+            raise UnknownQuery("clip not found")
+        return full
+
+    # ------------------------------------------------------------------ queries
+    def add_query(self, left_clip: str, right_clip: str, segments: str | None = None, info: dict | None = None,
+                  wanted: int = 1, query_id: str | None = None, created: float | None = None) -> str:
+        if wanted < 0:
+            raise ValueError(f"wanted must be >= 0 (0: every labeler), got {wanted}")
+        qid = query_id or f"q{int(self.clock() * 1000):013d}-{secrets.token_hex(4)}"
+        check_query_id(qid)
+        row = (qid, self.clock() if created is None else created, self.relative(left_clip),
+               self.relative(right_clip), None if segments is None else self.relative(segments), int(wanted),
+               json.dumps(info or {}))
+        with self._tx() as db:
+            db.execute("INSERT INTO queries (id, created, left_clip, right_clip, segments, wanted, info) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+        return qid
+
+    def query(self, query_id: str) -> dict[str, Any]:
+        r = self._conn().execute("SELECT * FROM queries WHERE id = ?", (query_id,)).fetchone()
+        if r is None:
+            raise UnknownQuery(f"unknown pair {query_id!r}")
+        d = dict(r)
+        d["info"] = json.loads(d["info"])
+        return d
+
+    def withdraw(self, query_ids: Iterable[str]) -> int:
+        """Stop offering pairs (e.g. clips of a long-gone policy); answers already given stay."""
+        ids = list(query_ids)
+        with self._tx() as db:
+            n = 0
+            for q in ids:
+                n += db.execute("UPDATE queries SET withdrawn = ? WHERE id = ? AND withdrawn IS NULL",
+                                (self.clock(), q)).rowcount
+        return n
+
+    def open_queries(self) -> list[str]:
+        """Pairs still waiting for answers (not withdrawn, fewer answers than wanted)."""
+        rows = self._conn().execute(
+            "SELECT q.id FROM queries q WHERE q.withdrawn IS NULL AND (q.wanted = 0 OR "
+            "(SELECT COUNT(*) FROM labels l WHERE l.query_id = q.id) < q.wanted) ORDER BY q.rowid").fetchall()
+        return [r["id"] for r in rows]
+
+    # ------------------------------------------------------------------ offers
+    def lease(self, labeler: str, lease_s: float = DEFAULT_LEASE_S) -> Offer | None:
+        """The pair this labeler should answer next, leased to them for ``lease_s`` seconds.
+
+        A labeler who still holds a live lease gets the same pair again (a page reload does not
+        skip a pair).  Otherwise the oldest open pair that this labeler has not answered and that
+        is not leased to someone else (beyond the answers still wanted) is leased."""
+        labeler = check_labeler(labeler)
+        now = self.clock()
+        with self._tx() as db:
+            held = db.execute(
+                "SELECT l.*, q.left_clip, q.right_clip FROM leases l JOIN queries q ON q.id = l.query_id "
+                "WHERE l.labeler = ? AND l.expires > ? AND q.withdrawn IS NULL AND NOT EXISTS "
+                "(SELECT 1 FROM labels x WHERE x.query_id = l.query_id AND x.labeler = l.labeler) "
+                "AND (q.wanted = 0 OR (SELECT COUNT(*) FROM labels x WHERE x.query_id = q.id) < q.wanted) "
+                "ORDER BY l.offered LIMIT 1", (labeler, now)).fetchone()
+            if held is not None:
+                return Offer(held["query_id"], held["token"], labeler, held["left_clip"], held["right_clip"],
+                             held["offered"], held["expires"])
+            q = db.execute(
+                "SELECT q.id, q.left_clip, q.right_clip FROM queries q WHERE q.withdrawn IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM labels x WHERE x.query_id = q.id AND x.labeler = ?) "
+                "AND (q.wanted = 0 OR (SELECT COUNT(*) FROM labels x WHERE x.query_id = q.id) + "
+                "     (SELECT COUNT(DISTINCT l.labeler) FROM leases l WHERE l.query_id = q.id AND l.expires > ? "
+                "      AND l.labeler != ?) < q.wanted) "
+                "ORDER BY q.rowid LIMIT 1", (labeler, now, labeler)).fetchone()
+            if q is None:
+                return None
+            token = secrets.token_urlsafe(16)
+            db.execute("INSERT INTO leases (token, query_id, labeler, offered, expires) VALUES (?, ?, ?, ?, ?)",
+                       (token, q["id"], labeler, now, now + lease_s))
+            return Offer(q["id"], token, labeler, q["left_clip"], q["right_clip"], now, now + lease_s)
+
+    def release(self, token: str) -> None:
+        """Give a leased pair back at once (the labeler skipped it or closed the page)."""
+        with self._tx() as db:
+            db.execute("UPDATE leases SET expires = MIN(expires, ?) WHERE token = ?", (self.clock(), token))
+
+    # ------------------------------------------------------------------ answers
+    def submit(self, query_id: str, token: str, choice: str) -> Submitted:
+        """Record the answer to the offer ``token`` of pair ``query_id`` (idempotent)."""
+        if choice not in CHOICES:
+            raise StoreError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
+        now = self.clock()
+        with self._tx() as db:
+            q = db.execute("SELECT * FROM queries WHERE id = ?", (query_id,)).fetchone()
+            if q is None:
+                raise UnknownQuery(f"unknown pair {query_id!r}")
+            lease = db.execute("SELECT * FROM leases WHERE token = ?", (token,)).fetchone()
+            if lease is None or lease["query_id"] != query_id:
+                raise BadLease("this pair was not offered with that lease; load the next pair")
+            labeler = lease["labeler"]
+            mine = db.execute("SELECT * FROM labels WHERE query_id = ? AND labeler = ?", (query_id, labeler)).fetchone()
+            if mine is not None:
+                return Submitted(False, _label(mine), "already answered")
+            if q["withdrawn"] is not None:
+                raise QueryWithdrawn("this pair was withdrawn by the trainer; load the next pair")
+            count = db.execute("SELECT COUNT(*) FROM labels WHERE query_id = ?", (query_id,)).fetchone()[0]
+            if q["wanted"] and count >= q["wanted"]:
+                return Submitted(False, None, "already answered by someone else")
+            cur = db.execute(
+                "INSERT INTO labels (query_id, labeler, choice, created, offered, response_s) VALUES (?, ?, ?, ?, ?, ?)",
+                (query_id, labeler, choice, now, lease["offered"], now - lease["offered"]))
+            db.execute("UPDATE leases SET expires = MIN(expires, ?) WHERE token = ?", (now, token))
+            row = db.execute("SELECT * FROM labels WHERE id = ?", (cur.lastrowid,)).fetchone()
+            return Submitted(True, _label(row))
+
+    def add_label(self, query_id: str, labeler: str, choice: str, created: float | None = None,
+                  offered: float | None = None, response_s: float | None = None) -> bool:
+        """Record an answer without a lease (importing a labeled set); False if already there."""
+        if choice not in CHOICES:
+            raise StoreError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
+        labeler = check_labeler(labeler)
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM queries WHERE id = ?", (query_id,)).fetchone() is None:
+                raise UnknownQuery(f"unknown pair {query_id!r}")
+            cur = db.execute(
+                "INSERT OR IGNORE INTO labels (query_id, labeler, choice, created, offered, response_s) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (query_id, labeler, choice, self.clock() if created is None else created, offered, response_s))
+            return cur.rowcount == 1
+
+    def labels_since(self, cursor: int = 0, limit: int | None = None) -> list[Label]:
+        """Answers with id > ``cursor`` in the order they were recorded (the trainer's feed)."""
+        sql = "SELECT * FROM labels WHERE id > ? ORDER BY id" + (f" LIMIT {int(limit)}" if limit else "")
+        return [_label(r) for r in self._conn().execute(sql, (int(cursor),)).fetchall()]
+
+    def labels_for(self, query_id: str) -> list[Label]:
+        rows = self._conn().execute("SELECT * FROM labels WHERE query_id = ? ORDER BY id", (query_id,)).fetchall()
+        return [_label(r) for r in rows]
+
+    # ------------------------------------------------------------------ status
+    def counts(self, labeler: str | None = None) -> dict[str, int]:
+        db, now = self._conn(), self.clock()
+        one = lambda sql, *a: db.execute(sql, a).fetchone()[0]
+        out = dict(
+            queries=one("SELECT COUNT(*) FROM queries"),
+            labels=one("SELECT COUNT(*) FROM labels"),
+            cant_tell=one("SELECT COUNT(*) FROM labels WHERE choice = 'cant_tell'"),
+            open=len(self.open_queries()),
+            leased=one("SELECT COUNT(DISTINCT query_id) FROM leases WHERE expires > ?", now),
+            withdrawn=one("SELECT COUNT(*) FROM queries WHERE withdrawn IS NOT NULL"),
+            labelers=one("SELECT COUNT(DISTINCT labeler) FROM labels"),
+        )
+        if labeler is not None:
+            out["mine"] = one("SELECT COUNT(*) FROM labels WHERE labeler = ?", labeler)
+            out["queued_for_me"] = one(
+                "SELECT COUNT(*) FROM queries q WHERE q.withdrawn IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM labels x WHERE x.query_id = q.id AND x.labeler = ?) "
+                "AND (q.wanted = 0 OR (SELECT COUNT(*) FROM labels x WHERE x.query_id = q.id) < q.wanted)", labeler)
+        return out
+
+    def set_meta(self, **values: Any) -> None:
+        with self._tx() as db:
+            for k, v in values.items():
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (k, json.dumps(v)))
+
+    def meta(self) -> dict[str, Any]:
+        return {r["key"]: json.loads(r["value"]) for r in self._conn().execute("SELECT * FROM meta").fetchall()}
+
+
+def check_query_id(qid: str) -> str:
+    if not (1 <= len(qid) <= 64 and all(c.isalnum() or c in "-_." for c in qid)):
+        raise StoreError("pair id must be 1-64 characters of letters, digits and - _ .")
+    return qid
+
+
+def _label(r: sqlite3.Row) -> Label:
+    return Label(r["id"], r["query_id"], r["labeler"], r["choice"], r["created"], r["offered"], r["response_s"])
