@@ -671,8 +671,19 @@ def segment_frames(env: str, obs: Any, render: Any = None, render_fields: Sequen
     project runs: ``obs`` ``[T, *obs_shape]`` and ``render`` ``[T, R]`` as the rollout keeps
     them (``render_fields`` names the R columns; MuJoCo's root position).  Frame t shows the
     observation the agent acted on at step t; MuJoCo's root position is the one reported after
-    that step (one step ahead: a constant shift of about one step's travel)."""
+    that step (one step ahead: a constant shift of about one step's travel).
+
+    Clips play in real time, but never shorter than ``MIN_CLIP_S``: shorter segments (CartPole's
+    25 steps are 0.5 s) play in slow motion, since Christiano's labelers judged clips of 1-2 s."""
     obs = np.asarray(obs)
+    frames, fps = _segment_frames(env, obs, render, render_fields, size)
+    return frames, min(fps, len(frames) / MIN_CLIP_S)
+
+
+MIN_CLIP_S = 1.0
+
+
+def _segment_frames(env, obs, render, render_fields, size):
     task = mujoco_task_name(env)
     if task is not None:
         render = np.zeros((obs.shape[0], 0)) if render is None else np.asarray(render)

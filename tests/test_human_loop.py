@@ -25,7 +25,7 @@ from rlhp_jax.human.server import ServerThread, create_app, free_port
 from rlhp_jax.human.store import LabelStore
 from rlhp_jax.metrics import read_jsonl
 from rlhp_jax.queries import sample_candidate_pairs
-from tests.browser import CHROMIUM, SKIP_REASON, launch
+from rlhp_jax.human.browser import CHROMIUM, SKIP_REASON, launch
 
 
 def oracle_accuracy(run: PreferenceRun, ens_state, pairs_obs, pairs_act, true_ret) -> float:

@@ -1,4 +1,5 @@
-"""Debian's Chromium under Playwright, for the browser tests (never Playwright's own download)."""
+"""Debian's Chromium under Playwright (the browser tests, the screenshots): never Playwright's own browser
+download, which cannot be fetched here and is not needed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--autoplay-policy=no-user-gesture-required"]
 SKIP_REASON = "Debian's chromium is not installed (apt-get install chromium); the browser tests drive it"
+# (Playwright itself is a test/extra dependency: imported by the caller)
 
 
 def launch(playwright, profile_dir, timeout_ms: int = 10_000, viewport=None):
