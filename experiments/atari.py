@@ -1,4 +1,4 @@
-"""Christiano et al. 2017 on Atari (appendix A.2): A2C on the learned reward, synthetic oracle.
+"""Christiano et al. 2017 on Atari (appendix A.2): A2C on the learned reward, synthetic oracle or people (--teacher human).
 
     python -m experiments.atari                                    # Pong, 5,500 labels, 50M steps
     python -m experiments.atari --env Breakout --labels 3300 --steps 10000000

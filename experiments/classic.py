@@ -1,9 +1,10 @@
-"""Preference-based RL on classic-control and MinAtar tasks (gymnax), with a synthetic oracle.
+"""Preference-based RL on classic-control and MinAtar tasks (gymnax), with a synthetic oracle or people.
 
     python -m experiments.classic --env CartPole-v1
     python -m experiments.classic --env Pendulum-v1 --labels 1000 --steps 150000
     python -m experiments.classic --env CartPole-v1 --baseline      # the same agent on the true reward
     python -m experiments.classic --env CartPole-v1 --ablation random_queries
+    python -m experiments.classic --env CartPole-v1 --teacher human --labels 100   # you label, in a browser
 
 Writes ``metrics.jsonl``/``metrics.csv`` (one row per iteration), TensorBoard events,
 ``learning_curve.png``, checkpoints, ``config.json`` and ``summary.json`` to ``--out``.

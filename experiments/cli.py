@@ -34,6 +34,7 @@ class Domain:
 def build_parser(domain: Domain) -> argparse.ArgumentParser:
     from rlhp_jax.agents import AGENTS
     from rlhp_jax.driver import ABLATIONS
+    from rlhp_jax.human.server import add_server_flags
 
     p = argparse.ArgumentParser(prog=domain.prog, description=domain.doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,12 +73,7 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
                    help="override fields of the agent's preset, e.g. --agent-config lr=3e-4 ent_coef=0.01")
     p.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints")
     h = p.add_argument_group("human labels (--teacher human)")
-    h.add_argument("--host", default="127.0.0.1", help="address of the labeling page (default: this machine only)")
-    h.add_argument("--port", type=int, default=8000, help="port of the labeling page (0: any free port)")
-    h.add_argument("--token", default=None,
-                   help="access token for the page ('auto' generates one); required with a non-loopback --host")
-    h.add_argument("--instructions", default=None,
-                   help="what labelers should prefer, in your words (default: the paper's text for its tasks)")
+    add_server_flags(h)
     h.add_argument("--max-pending", type=int, default=None, help="pairs waiting for people at once (default 20)")
     h.add_argument("--no-wait", action="store_true",
                    help="start RL without waiting for answers to the first batch of pairs")
@@ -165,7 +161,7 @@ def _fresh_dir(path: str) -> str:
     return candidate
 
 
-SERVER_FLAGS = ("host", "port", "token", "instructions")  # how the page is served, not part of the run
+SERVER_FLAGS = ("host", "port", "token", "instructions", "lease")  # how the page is served, not part of the run
 
 
 def _given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -177,21 +173,6 @@ def _given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
         if getattr(args, action.dest, None) != action.default:
             given.append(action.option_strings[0])
     return given
-
-
-def _start_labeling_page(cfg, args):
-    """The labeling page, served from this process while the agent trains (a thread)."""
-    from rlhp_jax.human.instructions import task_instructions
-    from rlhp_jax.human.server import ServerThread, create_app, resolve_token
-    from rlhp_jax.human.store import LabelStore
-
-    token = resolve_token(args.token)
-    title, text = task_instructions(cfg.env, args.instructions)
-    store = LabelStore(cfg.out)
-    server = ServerThread(create_app(store, token=token, title=title, instructions=text), args.host, args.port,
-                          token).start()
-    print(f"labeling page: {server.url}  (answers go to {store.path})", flush=True)
-    return server
 
 
 def main(domain: Domain, argv=None) -> int:
@@ -220,7 +201,12 @@ def main(domain: Domain, argv=None) -> int:
 
         check_binding(args.host, args.token)
         run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
-        server = _start_labeling_page(cfg, args) if cfg.label_source == "human" and cfg.reward_source == "model" else None
+        server = None
+        if cfg.label_source == "human" and cfg.reward_source == "model":  # the page, from a thread of this process
+            from rlhp_jax.human.server import start_page
+            from rlhp_jax.human.store import LabelStore
+
+            server = start_page(LabelStore(cfg.out), cfg.env, args)
         try:
             summary = run.run()
         finally:

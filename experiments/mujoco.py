@@ -1,4 +1,4 @@
-"""Christiano et al. 2017 on MuJoCo (appendix A.1): TRPO on the learned reward, synthetic oracle.
+"""Christiano et al. 2017 on MuJoCo (appendix A.1): TRPO on the learned reward, synthetic oracle or people (--teacher human).
 
     python -m experiments.mujoco                                   # HalfCheetah, 700 labels
     python -m experiments.mujoco --env Hopper --labels 1400 --seed 1

@@ -732,18 +732,12 @@ def random_rollout(env_name: str, steps: int, seed: int):
     import jax
 
     from rlhp_jax.envs import make_env
-    from rlhp_jax.rollout import collect_rollout
+    from rlhp_jax.rollout import collect_rollout, uniform_random_policy
 
     env = make_env(env_name, 1, seed=seed)
     spec = env.spec
 
-    def policy(params, obs, key):
-        n = obs.shape[0]
-        if spec.discrete:
-            a = jax.random.randint(key, (n,), 0, spec.num_actions)
-        else:
-            a = jax.random.uniform(key, (n, spec.num_actions), minval=-1.0, maxval=1.0)
-        return a, jax.numpy.zeros(n), jax.numpy.zeros(n)
+    policy = uniform_random_policy(spec)
 
     state, obs = env.reset(jax.random.key(seed))
     _, last, ro = collect_rollout(env, policy, None, state, obs, jax.random.key(seed), steps)

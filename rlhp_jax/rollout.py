@@ -52,6 +52,21 @@ def clip_action(spec: EnvSpec, action: jax.Array) -> jax.Array:
     return jnp.clip(action, low, high)
 
 
+def uniform_random_policy(spec: EnvSpec) -> PolicyFn:
+    """A policy that ignores its parameters: uniform discrete actions, or uniform in [-1, 1] per
+    action dimension (clips and saved queues of an untrained agent's kind of behaviour)."""
+
+    def policy(params, obs, key):
+        n = obs.shape[0]
+        if spec.discrete:
+            a = jax.random.randint(key, (n,), 0, spec.num_actions)
+        else:
+            a = jax.random.uniform(key, (n, spec.num_actions), minval=-1.0, maxval=1.0)
+        return a, jnp.zeros(n), jnp.zeros(n)
+
+    return policy
+
+
 @functools.partial(jax.jit, static_argnames=("env", "policy_fn", "num_steps"))
 def collect_rollout(
     env: VecEnv,

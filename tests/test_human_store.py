@@ -254,3 +254,16 @@ def test_agreement_stats(tmp_path):
 
 def test_mu_follows_christiano():
     assert MU == {"left": 1.0, "right": 0.0, "tie": 0.5, "cant_tell": None}
+
+
+def test_the_teacher_withdraws_pairs_of_a_long_gone_policy(tmp_path):
+    from rlhp_jax.human.teacher import HumanTeacher
+
+    store, ids = make_store(tmp_path, n=2)
+    store._conn().execute("UPDATE queries SET info = json_set(info, '$.env_steps', 5000) WHERE id = ?", (ids[1],))
+    teacher = HumanTeacher(tmp_path, "CartPole-v1", store=store)
+    try:
+        assert teacher.withdraw_older_than(1000) == 1  # made at step 0: withdrawn
+        assert store.open_queries() == [ids[1]] and teacher.pending() == 1
+    finally:
+        teacher.close()

@@ -18,16 +18,6 @@ import time
 from pathlib import Path
 
 
-def _server_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
-    p.add_argument("--token", default=None,
-                   help="access token every request must carry ('auto' generates one); required beyond localhost")
-    p.add_argument("--instructions", default=None,
-                   help="what the labelers should prefer, in your words (default: the paper's text for its tasks)")
-    p.add_argument("--lease", type=float, default=120.0, help="seconds a pair stays with one labeler")
-
-
 def _store_for(args) -> "LabelStore":  # noqa: F821
     from rlhp_jax.human.store import LabelStore
 
@@ -40,20 +30,17 @@ def _store_for(args) -> "LabelStore":  # noqa: F821
     return LabelStore(queue.parent, path=queue.with_suffix(".sqlite"))
 
 
-def serve_forever(store, env: str | None, args, stop_when=None) -> None:
-    from rlhp_jax.human.instructions import task_instructions
-    from rlhp_jax.human.server import ServerThread, create_app, resolve_token
+def serve_forever(store, env: str | None, args) -> None:
+    from rlhp_jax.human.server import start_page
 
-    token = resolve_token(args.token)
-    title, text = task_instructions(env or "", args.instructions)
-    app = create_app(store, token=token, title=title, instructions=text, lease_s=args.lease)
-    with ServerThread(app, args.host, args.port, token) as server:
-        print(f"labeling page: {server.url}", flush=True)
-        try:
-            while stop_when is None or not stop_when():
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
+    server = start_page(store, env, args)
+    try:
+        while True:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
     c = store.counts()
     print(f"{c['labels']} answers from {c['labelers']} labeler(s) on {c['queries']} pairs; {c['open']} still open")
 
@@ -76,7 +63,7 @@ def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
     from rlhp_jax.human.exchange import export_jsonl
     from rlhp_jax.human.store import LabelStore
     from rlhp_jax.human.teacher import HumanTeacher
-    from rlhp_jax.rollout import clip_action, collect_rollout
+    from rlhp_jax.rollout import clip_action, collect_rollout, uniform_random_policy
 
     out = Path(out)
     if (out / "queue.jsonl").exists():
@@ -87,13 +74,7 @@ def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
     spec = env_.spec
     seg = spec.segment_length
 
-    def policy(params, obs, key):
-        n = obs.shape[0]
-        if spec.discrete:
-            a = jax.random.randint(key, (n,), 0, spec.num_actions)
-        else:
-            a = jax.random.uniform(key, (n, spec.num_actions), minval=-1.0, maxval=1.0)
-        return a, jax.numpy.zeros(n), jax.numpy.zeros(n)
+    policy = uniform_random_policy(spec)
 
     key = jax.random.PRNGKey(seed)
     state, obs = env_.reset(key)
@@ -157,16 +138,18 @@ def fit_offline(file: str, members: int = 3, steps: int = 2000, seed: int = 0, l
 
 
 def main(argv=None) -> int:
+    from rlhp_jax.human.server import add_server_flags
+
     parser = argparse.ArgumentParser(prog="python -m rlhp_jax.human", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("serve", help="serve the labeling page for a run directory")
     p.add_argument("--run", required=True)
-    _server_flags(p)
+    add_server_flags(p)
     p = sub.add_parser("label", help="label a saved queue of pairs, no trainer")
     p.add_argument("--queue", required=True, help="a queue.jsonl (from `queue` or `export`)")
     p.add_argument("--once", action="store_true", help="each pair answered once in all (default: by every labeler)")
-    _server_flags(p)
+    add_server_flags(p)
     p = sub.add_parser("queue", help="make a queue of random-policy pairs to label")
     p.add_argument("--env", required=True)
     p.add_argument("--pairs", type=int, default=50)

@@ -225,6 +225,30 @@ def resolve_token(token: str | None) -> str | None:
     return secrets.token_urlsafe(18) if token == "auto" else token
 
 
+def add_server_flags(p) -> None:
+    """The flags of how the page is served (``rlhp_jax.human`` and the experiment entry points)."""
+    p.add_argument("--host", default="127.0.0.1", help="address of the labeling page (default 127.0.0.1: this "
+                                                      "machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port of the labeling page (0: any free port)")
+    p.add_argument("--token", default=None,
+                   help="access token every request must carry ('auto' generates one); required beyond localhost")
+    p.add_argument("--instructions", default=None,
+                   help="what labelers should prefer, in your words (default: the paper's text for its tasks)")
+    p.add_argument("--lease", type=float, default=DEFAULT_LEASE_S, help="seconds a pair stays with one labeler")
+
+
+def start_page(store: LabelStore, env: str | None, args) -> "ServerThread":
+    """Serve the page for ``store`` as the flags of ``add_server_flags`` say; prints its URL."""
+    from rlhp_jax.human.instructions import task_instructions
+
+    token = resolve_token(args.token)
+    title, text = task_instructions(env or "", args.instructions)
+    app = create_app(store, token=token, title=title, instructions=text, lease_s=args.lease)
+    server = ServerThread(app, args.host, args.port, token).start()
+    print(f"labeling page: {server.url}  (answers go to {store.path})", flush=True)
+    return server
+
+
 class ServerThread:
     """uvicorn serving ``app`` from a daemon thread; ``url`` includes the token when there is one."""
 
