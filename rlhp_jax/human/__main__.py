@@ -180,6 +180,10 @@ def main(argv=None) -> int:
     from rlhp_jax.human import exchange
 
     try:
+        if args.cmd in ("serve", "label"):
+            from rlhp_jax.human.server import check_binding
+
+            check_binding(args.host, args.token)  # before anything is created
         if args.cmd == "serve":
             store = _store_for(args)
             serve_forever(store, _env_of(store), args)
