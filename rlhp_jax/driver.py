@@ -348,38 +348,37 @@ class PreferenceRun:
             self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
 
     # ------------------------------------------------------------------ labels
-    def _query(self, member_r, buffer, rollout, key, n: int):
-        """Ask the teacher about ``n`` selected pairs from ``rollout``; returns (buffer, asked, answered)."""
-        asked = answered = 0
+    def _selections(self, member_r, rollout, key, n: int):
+        """``n`` selected pairs from ``rollout`` in chunks of a power-of-two size (few compiled
+        shapes): yields ``(pairs, render, take, (k_label, k_add))``; the first ``take`` are live."""
         while n > 0:
             q = min(_bucket(n), 1024)
             take = min(n, q)
             key, k_c, k_t, k_a = jax.random.split(key, 4)
-            pairs, _ = self._candidates(member_r, rollout, k_c, take, q)
+            pairs, render = self._candidates(member_r, rollout, k_c, take, q)
+            yield pairs, render, take, (k_t, k_a)
+            n -= take
+
+    def _query(self, member_r, buffer, rollout, key, n: int):
+        """Ask the teacher about ``n`` selected pairs from ``rollout``; returns (buffer, asked, answered)."""
+        asked = answered = 0
+        for pairs, _, take, (k_t, k_a) in self._selections(member_r, rollout, key, n):
             mu, ok = self._label(k_t, pairs)
-            mask = (jnp.arange(q) < take) & ok
+            mask = (jnp.arange(pairs.num_pairs) < take) & ok
             check_labels(np.asarray(mu)[np.asarray(mask)])
             buffer = self._add(buffer, k_a, pairs, mu, mask)
             asked += take
             answered += int(mask.sum())
-            n -= take
         return buffer, asked, answered
 
     # ------------------------------------------------------------------ human labels
     def _ask_people(self, member_r, rollout, key, n: int, env_steps: int) -> int:
         """Select ``n`` pairs as for the oracle and queue them for people (rendered off this thread)."""
-        asked = 0
-        while n > 0:
-            q = min(_bucket(n), 1024)
-            take = min(n, q)
-            key, k_c = jax.random.split(key)
-            pairs, render = self._candidates(member_r, rollout, k_c, take, q)
+        for pairs, render, take, _ in self._selections(member_r, rollout, key, n):
             arrays = dict(obs=np.asarray(pairs.obs[:take]), action=np.asarray(pairs.action[:take]),
                           true_reward=np.asarray(pairs.true_reward[:take]), render=np.asarray(render[:take]))
             self.human.ask(arrays, [dict(env_steps=env_steps)] * take)
-            asked += take
-            n -= take
-        return asked
+        return n
 
     def _take_answers(self, buffer, key, cursor: int):
         """Add the answers recorded since ``cursor`` to the label set; "can't tell" is kept in

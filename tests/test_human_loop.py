@@ -48,7 +48,13 @@ def test_people_in_the_browser_teach_the_reward_model(tmp_path):
     store = LabelStore(cfg.out)
     server = ServerThread(create_app(store, poll_s=0.3), "127.0.0.1", 0).start()
     result = {}
-    trainer = threading.Thread(target=lambda: result.update(summary=run.run()), daemon=True)
+    def train():
+        try:
+            result["summary"] = run.run()
+        except BaseException as e:  # noqa: BLE001 — reported by the assertion below
+            result["error"] = repr(e)
+
+    trainer = threading.Thread(target=train, daemon=True)
     trainer.start()
     answered = []
     try:
@@ -57,19 +63,26 @@ def test_people_in_the_browser_teach_the_reward_model(tmp_path):
             page = ctx.new_page()
             page.goto(server.url)
             deadline = time.monotonic() + 240
+            pressed_at = {}
             while trainer.is_alive() and time.monotonic() < deadline:
                 pair = page.evaluate("() => document.body.dataset.state === 'pair' ? document.body.dataset.pair : ''")
-                if not pair or pair in answered:
+                # a pair still on screen 2 s after its key, with no answer stored, gets its key again
+                # (a repeated answer is a no-op, so this cannot count twice)
+                stale = pair in pressed_at and time.monotonic() - pressed_at[pair] > 2 and not store.labels_for(pair)
+                if not pair or (pair in pressed_at and not stale):
                     time.sleep(0.05)
                     continue
                 left, right = store.query(pair)["info"]["true_returns"]
                 page.keyboard.press("ArrowLeft" if left > right else "ArrowRight" if right > left else "ArrowUp")
-                answered.append(pair)
+                if pair not in pressed_at:
+                    answered.append(pair)
+                pressed_at[pair] = time.monotonic()
             ctx.close()
         trainer.join(timeout=120)
     finally:
         server.stop()
-    assert not trainer.is_alive() and "summary" in result, "the trainer did not finish"
+    assert not trainer.is_alive() and "summary" in result, \
+        f"the trainer did not finish ({result.get('error')}; {len(answered)} pairs answered, store: {store.counts()})"
 
     labels = store.labels_since(0)
     assert len(labels) >= 15 and [lab.query_id for lab in labels] == answered[:len(labels)]

@@ -209,10 +209,7 @@ def main(argv=None) -> int:
                 lines = exchange.read_jsonl(args.file)
             else:
                 store = _store_for(args)
-                tmp = store.root / ".stats.jsonl"
-                exchange.export_jsonl(store, tmp, embed_segments=False)
-                lines = exchange.read_jsonl(tmp)
-                tmp.unlink()
+                lines = list(exchange.pair_lines(store, store.root, embed_segments=False))
             print(json.dumps(exchange.agreement_stats(lines), indent=2))
         elif args.cmd == "fit":
             print(json.dumps(fit_offline(args.file, args.members, args.steps, args.seed, args.labeler), indent=2))

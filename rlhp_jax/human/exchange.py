@@ -30,31 +30,35 @@ from rlhp_jax.human.store import CHOICES, MU, LabelStore, StoreError, check_quer
 from rlhp_jax.human.teacher import save_npz
 
 
+def pair_lines(store: LabelStore, base: str | os.PathLike, labeled_only: bool = False, embed_segments: bool = True):
+    """The store's pairs as JSONL records (clip paths relative to ``base``), oldest first."""
+    base = Path(base).resolve()
+    for q in store._conn().execute("SELECT * FROM queries ORDER BY rowid").fetchall():
+        labels = store.labels_for(q["id"])
+        if labeled_only and not labels:
+            continue
+        info = json.loads(q["info"])
+        segments = None
+        if embed_segments and q["segments"]:
+            segments = base64.b64encode(store.resolve(q["segments"]).read_bytes()).decode("ascii")
+        yield dict(
+            id=q["id"], env=info.get("env"), created=q["created"], wanted=q["wanted"], withdrawn=q["withdrawn"],
+            left_clip=os.path.relpath(store.resolve(q["left_clip"]), base),
+            right_clip=os.path.relpath(store.resolve(q["right_clip"]), base),
+            info=info, segments=segments,
+            labels=[dict(labeler=lab.labeler, choice=lab.choice, mu=lab.mu, created=lab.created,
+                         offered=lab.offered, response_s=lab.response_s) for lab in labels])
+
+
 def export_jsonl(store: LabelStore, path: str | os.PathLike, labeled_only: bool = False,
                  embed_segments: bool = True) -> int:
     """Write every pair of ``store`` (or only answered ones) to ``path``; returns the line count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    base = path.parent.resolve()
-    db = store._conn()
     n = 0
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        for q in db.execute("SELECT * FROM queries ORDER BY rowid").fetchall():
-            labels = store.labels_for(q["id"])
-            if labeled_only and not labels:
-                continue
-            info = json.loads(q["info"])
-            segments = None
-            if embed_segments and q["segments"]:
-                segments = base64.b64encode(store.resolve(q["segments"]).read_bytes()).decode("ascii")
-            line = dict(
-                id=q["id"], env=info.get("env"), created=q["created"], wanted=q["wanted"], withdrawn=q["withdrawn"],
-                left_clip=os.path.relpath(store.resolve(q["left_clip"]), base),
-                right_clip=os.path.relpath(store.resolve(q["right_clip"]), base),
-                info=info, segments=segments,
-                labels=[dict(labeler=lab.labeler, choice=lab.choice, mu=lab.mu, created=lab.created,
-                             offered=lab.offered, response_s=lab.response_s) for lab in labels])
+        for line in pair_lines(store, path.parent, labeled_only, embed_segments):
             f.write(json.dumps(line) + "\n")
             n += 1
         f.flush()
