@@ -4,6 +4,7 @@
     python -m experiments.atari --env Breakout --labels 3300 --steps 10000000
     python -m experiments.atari --baseline                         # A2C on the true reward
     python -m experiments.atari --ablation random_queries
+    python -m experiments.atari --agent dqfd --demos demos/pong.npz --setup demos+prefs+autolabels   # Ibarz et al. 2018
 
 Paper settings (A.2): A2C with 16 environments, 5-step updates, γ = 0.99, entropy 0.01,
 learning rate 7e-4 decayed to 0 at 80M steps; the A.2 reward CNN (batch norm, dropout) in an
@@ -42,6 +43,11 @@ def settings(args, env: str) -> dict:
     )
 
 
+def ibarz_settings(args, env: str) -> dict:
+    """Ibarz et al. 2018 on Atari: ``IbarzConfig``'s defaults are the paper's (A.1, A.3, A.4)."""
+    return {}
+
+
 def _tasks():
     from rlhp_jax.envpool_envs import ATARI_GAMES
 
@@ -49,7 +55,8 @@ def _tasks():
 
 
 DOMAIN = Domain(prog="python -m experiments.atari", doc=__doc__, tasks=_tasks, default_env="Pong",
-                default_agent="a2c", settings=settings, out_root="runs/atari", segments_ablation=False)
+                default_agent="a2c", settings=settings, out_root="runs/atari", segments_ablation=False,
+                ibarz_settings=ibarz_settings)
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@
     python -m experiments.classic --env CartPole-v1 --baseline      # the same agent on the true reward
     python -m experiments.classic --env CartPole-v1 --ablation random_queries
     python -m experiments.classic --env CartPole-v1 --teacher human --labels 100   # you label, in a browser
+    python -m experiments.classic --env Breakout-MinAtar --agent dqfd --demos demos/breakout_minatar.npz
 
 Writes ``metrics.jsonl``/``metrics.csv`` (one row per iteration), TensorBoard events,
 ``learning_curve.png``, checkpoints, ``config.json`` and ``summary.json`` to ``--out``.
@@ -31,6 +32,13 @@ def settings(args, env: str) -> dict:
                 steps=d["steps"] if args.steps is None else args.steps)
 
 
+def ibarz_settings(args, env: str) -> dict:
+    """Ibarz et al.'s protocol at a tenth of the paper's scale for the MinAtar games (CPU-sized):
+    iterations of 10,000 steps, 680 labels (50 initial), a tenth of each pretraining phase."""
+    return dict(total_steps=1_000_000, iteration_steps=10_000, labels=680, rate_constant=5e5, bc_batches=2_000,
+                rm_pretrain_batches=5_000, second_pretrain_batches=6_000, rm_batches_per_iteration=625)
+
+
 def _tasks():
     from rlhp_jax.envs import gymnax_envs
 
@@ -38,7 +46,8 @@ def _tasks():
 
 
 DOMAIN = Domain(prog="python -m experiments.classic", doc=__doc__, tasks=_tasks, default_env="CartPole-v1",
-                default_agent="ppo", settings=settings, out_root="runs/classic")
+                default_agent="ppo", settings=settings, out_root="runs/classic",
+                ibarz_settings=ibarz_settings)
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,8 @@ class Domain:
     settings: Callable[[argparse.Namespace, str], dict]
     out_root: str
     segments_ablation: bool = True  # Christiano ran "no segments" on the robotics tasks only
+    # (args, env) -> IbarzConfig keyword arguments for --agent dqfd (None: the agent is not offered)
+    ibarz_settings: Callable[[argparse.Namespace, str], dict] | None = None
 
 
 def build_parser(domain: Domain) -> argparse.ArgumentParser:
@@ -42,8 +44,10 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--labels", type=int, default=None, help="synthetic-label budget (default per task)")
     p.add_argument("--steps", type=int, default=None, help="environment steps of RL (default per task)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--agent", choices=AGENTS, default=domain.default_agent,
-                   help=f"RL algorithm (default {domain.default_agent})")
+    agents = AGENTS + (("dqfd",) if domain.ibarz_settings is not None else ())
+    p.add_argument("--agent", choices=agents, default=domain.default_agent,
+                   help=f"RL algorithm (default {domain.default_agent})"
+                        + ("; dqfd runs Ibarz et al. 2018's protocol (flags below)" if "dqfd" in agents else ""))
     p.add_argument("--teacher", choices=["synthetic", "human"], default="synthetic",
                    help="who labels: the synthetic oracle (true reward, optionally noisy: flags below), or people "
                         "in a browser (human: a labeling page is served while the agent trains)")
@@ -77,8 +81,64 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     h.add_argument("--max-pending", type=int, default=None, help="pairs waiting for people at once (default 20)")
     h.add_argument("--no-wait", action="store_true",
                    help="start RL without waiting for answers to the first batch of pairs")
+    if domain.ibarz_settings is not None:
+        from rlhp_jax.ibarz import SETUPS
+
+        g = p.add_argument_group("Ibarz et al. 2018 (--agent dqfd)")
+        g.add_argument("--demos", default=None, metavar="PATH", help="demonstration file (rlhp_jax.demos format)")
+        g.add_argument("--setup", choices=list(SETUPS), default=None,
+                       help="; ".join(f"{k}: {v}" for k, v in SETUPS.items()) + " (default demos+prefs)")
+        g.add_argument("--demo-fraction", type=float, default=None, help="use only this fraction of the demos")
+        g.add_argument("--frozen-reward", metavar="RUN_DIR", default=None,
+                       help="train on that finished run's reward model, held fixed (reward-hacking experiment)")
+        g.add_argument("--bc-batches", type=int, default=None, help="first pretraining on the demos (A.4: 20,000)")
+        g.add_argument("--rm-pretrain-batches", type=int, default=None,
+                       help="reward-model batches on the initial labels (A.4: 50,000)")
+        g.add_argument("--second-pretrain-batches", type=int, default=None,
+                       help="second pretraining on the demos with r̂ (A.4: 60,000)")
+        g.add_argument("--rm-batches", type=int, default=None, help="reward-model batches per iteration (A.4: 6,250)")
+        g.add_argument("--replay-capacity", type=int, default=None, help="agent transitions kept (A.3: 1e6)")
+        g.add_argument("--envs", type=int, default=None, help="actors stepping together (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+IBARZ_ONLY = ("demos", "setup", "demo_fraction", "frozen_reward", "bc_batches", "rm_pretrain_batches",
+              "second_pretrain_batches", "rm_batches", "replay_capacity", "envs")
+
+
+def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
+    """The Ibarz protocol's config (``--agent dqfd``) from the command line."""
+    from rlhp_jax.ibarz import IbarzConfig
+    from rlhp_jax.replay import ReplayConfig
+    from rlhp_jax.teachers import SyntheticTeacher
+
+    tasks = domain.tasks()
+    if args.env not in tasks:
+        raise ValueError(f"Unknown environment {args.env!r} for {domain.prog}. Supported: {', '.join(tasks)}.")
+    for flag, bad in (("--baseline", args.baseline), ("--ablation", args.ablation), ("--members", args.members),
+                      ("--selection", args.selection)):
+        if bad:
+            raise ValueError(f"{flag} belongs to Christiano et al.'s setup; with --agent dqfd choose a --setup "
+                             "(Ibarz uses a single reward model and uniformly chosen clips).")
+    if args.teacher == "human":
+        raise ValueError("--agent dqfd runs with the synthetic oracle only for now; label with people through "
+                         "the Christiano setup (--agent a2c --teacher human).")
+    d = dict(domain.ibarz_settings(args, args.env))
+    setup = args.setup or "demos+prefs"
+    given = dict(labels=args.labels, total_steps=args.steps, iteration_steps=args.iteration_steps,
+                 segment_length=args.segment_length, rate_constant=args.rate_constant, demo_fraction=args.demo_fraction,
+                 frozen_reward=args.frozen_reward, bc_batches=args.bc_batches,
+                 rm_pretrain_batches=args.rm_pretrain_batches, second_pretrain_batches=args.second_pretrain_batches,
+                 rm_batches_per_iteration=args.rm_batches, num_envs=args.envs)
+    d.update({k: v for k, v in given.items() if v is not None})
+    if args.replay_capacity is not None:
+        d["replay"] = ReplayConfig(capacity=args.replay_capacity)
+    tag = setup + ("-frozen" if args.frozen_reward else "") + (f"-{d['labels']}labels" if "labels" in d else "")
+    out = args.out or _fresh_dir(f"{domain.out_root}/{args.env}-dqfd-{tag}-seed{args.seed}")
+    teacher = SyntheticTeacher(mistake_rate=args.mistake_rate, beta=args.beta, gamma=args.myopic_gamma,
+                               skip_below=args.skip_below, tie_within=args.tie_within)
+    return IbarzConfig(env=args.env, setup=setup, demos=args.demos, seed=args.seed, out=out, teacher=teacher, **d)
 
 
 def agent_config(agent: str, env: str, overrides: list[str], base=None):
@@ -179,9 +239,40 @@ def main(domain: Domain, argv=None) -> int:
     parser = build_parser(domain)
     args = parser.parse_args(argv)
     from rlhp_jax.checkpoint import CheckpointError
+    from rlhp_jax.demos import DemoError
     from rlhp_jax.driver import PreferenceRun, config_from_json
 
     try:
+        if args.agent != "dqfd" and not args.resume:
+            given = [f"--{k.replace('_', '-')}" for k in IBARZ_ONLY if getattr(args, k, None) is not None]
+            if given:
+                raise ValueError(f"{' '.join(given)} belong(s) to Ibarz et al.'s protocol: add --agent dqfd.")
+        ibarz_cfg = None
+        if args.resume:
+            run_dir = Path(args.resume)
+            saved = run_dir / "config.json"
+            if saved.is_file():
+                try:
+                    if json.loads(saved.read_text()).get("protocol") == "ibarz":
+                        from rlhp_jax.ibarz import config_from_json as ibarz_from_json
+
+                        ibarz_cfg = dataclasses.replace(ibarz_from_json(json.loads(saved.read_text())),
+                                                        out=str(run_dir))
+                except json.JSONDecodeError:
+                    pass
+        elif args.agent == "dqfd":
+            ibarz_cfg = ibarz_config_from_args(args, domain)
+        if ibarz_cfg is not None:
+            if args.resume:
+                flags = _given_flags(parser, args)
+                if flags:
+                    raise ValueError(f"--resume continues a run with its saved configuration; drop {' '.join(flags)}.")
+            from rlhp_jax.ibarz import IbarzRun
+
+            summary = IbarzRun(ibarz_cfg, progress=not args.no_progress, resume=bool(args.resume)).run()
+            print(json.dumps(summary, indent=2))
+            print(f"metrics, plots, TensorBoard events and checkpoints in {ibarz_cfg.out}/")
+            return 0
 
         if args.resume:
             run_dir = Path(args.resume)
@@ -212,7 +303,7 @@ def main(domain: Domain, argv=None) -> int:
         finally:
             if server is not None:
                 server.stop()
-    except (ValueError, CheckpointError, OSError) as e:
+    except (ValueError, CheckpointError, OSError, DemoError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))

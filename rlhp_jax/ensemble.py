@@ -57,6 +57,7 @@ class EnsembleConfig:
     fit_loop: str = "auto"  # steps of fit(): "scan" (one program), "host" (Python loop) or "auto"
     chunk_size: int = 4096  # rows per forward pass when scoring the whole label buffer
     loss: str = "preferences"  # Bradley-Terry on labels; "target": squared error to the true clip returns (§3.3 ablation)
+    bootstrap: bool = True  # each member on its own bootstrap resample; False: uniform over its training labels (Ibarz A.4)
 
     def __post_init__(self):
         if self.num_members < 1:
@@ -281,7 +282,7 @@ class RewardEnsemble:
     def train_step(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, key: jax.Array):
         """One Adam step for every member on its own minibatch: (state, metrics[M])."""
         m = self.config.num_members
-        w_train = labels_lib.train_weights(buffer)
+        w_train = labels_lib.train_weights(buffer, self.config.bootstrap)
         w_val = labels_lib.heldout_weights(buffer)
         step = functools.partial(self._member_step, buffer=buffer, steps=state.steps)
         (params, stats, opt, l2, tr, va), metrics = over_members(step, self.mode)(

@@ -190,6 +190,7 @@ class EnvpoolVecEnv:
             from rlhp_jax import atari_masks
 
             self._mask = np.asarray(atari_masks.boolean_mask(self.task, 84, 84))  # [84, 84] bool: True = blank
+            self.score_mask = self._mask  # what every frame has blanked (demos are checked against it)
             self.spec = EnvSpec(name=self.task, obs_shape=(84, 84, 4), discrete=True, num_actions=n_act,
                                 action_low=None, action_high=None, horizon=27000,
                                 terminal_penalty=opts["terminal_penalty"], segment_length=opts["segment_length"],
@@ -216,6 +217,7 @@ class EnvpoolVecEnv:
                                 horizon=int(cfg.max_episode_steps), terminal_penalty=penalty, segment_length=seg,
                                 reward_std=1.0, on_terminate=task.on_terminate)
             self.render_fields = task.render_info
+            self.score_mask = None
             self.backend = "xla" if backend == "auto" else backend
         if self.backend == "xla":
             # envpool computes the custom call's output types when xla() is called; under JAX's

@@ -125,9 +125,11 @@ def num_labels(buffer: LabelBuffer) -> jax.Array:
     return jnp.sum(buffer.filled.astype(jnp.int32))
 
 
-def train_weights(buffer: LabelBuffer) -> jax.Array:
-    """[M, C] sampling weights of each member's training resample (0 for held-out/empty)."""
-    return buffer.boot * (buffer.filled[None] & ~buffer.heldout)
+def train_weights(buffer: LabelBuffer, bootstrap: bool = True) -> jax.Array:
+    """[M, C] sampling weights of each member's training resample (0 for held-out/empty);
+    ``bootstrap=False``: every training label weighs 1 (uniform sampling, Ibarz A.4)."""
+    train = buffer.filled[None] & ~buffer.heldout
+    return buffer.boot * train if bootstrap else train.astype(jnp.float32)
 
 
 def heldout_weights(buffer: LabelBuffer) -> jax.Array:

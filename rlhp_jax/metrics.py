@@ -152,6 +152,70 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
     return path
 
 
+def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -> Path:
+    """PNG of an Ibarz-protocol run: game score; r̂ against the oracle's reward per 1,000 steps
+    (rising r̂ with falling true reward is reward hacking, Ibarz Fig. 4); reward-model loss against
+    its label-entropy lower bound (Ibarz Fig. 7) with validation accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
+
+    its = [r for r in rows if r.get("phase") == "iteration"]
+
+    def series(key, source=its):
+        pts = [(r["env_steps"], r[key]) for r in source if r.get(key) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    x, y = series("episode_return")
+    ax.plot(x, y, "-o", markersize=3, label="score per episode (game reward)")
+    ax2 = ax.twinx()
+    x, y = series("labels", rows)
+    if x:
+        ax2.step(x, y, where="post", color="tab:gray", alpha=0.6, label="labels")
+    ax2.set_ylabel("labels")
+    ax.set_title("game score")
+    ax.set_ylabel("score")
+    ax.legend(loc="upper left", fontsize=8)
+
+    ax = axes[1]
+    x, y = series("true_reward_per_1000")
+    ax.plot(x, y, color="tab:blue", label="oracle's reward")
+    ax.set_ylabel("oracle's reward per 1,000 steps", color="tab:blue")
+    ax2 = ax.twinx()
+    x, y = series("model_reward_per_1000")
+    ax2.plot(x, y, color="tab:red", label="r̂ (reward model)")
+    ax2.set_ylabel("r̂ per 1,000 steps", color="tab:red")
+    ax.set_title("true vs model reward on the agent's steps")
+
+    ax = axes[2]
+    for key, label, style in [("rm_train_loss", "reward-model loss (train)", "-"),
+                              ("rm_val_loss", "reward-model loss (held out)", "-"),
+                              ("label_entropy_bound", "label-entropy lower bound", "k:")]:
+        x, y = series(key, rows)
+        if x:
+            ax.plot(x, y, style, label=label)
+    x, y = series("val_accuracy", rows)
+    if x:
+        ax.plot(x, y, "--", color="tab:green", label="held-out accuracy")
+    ax.set_title("reward model")
+    ax.legend(loc="best", fontsize=8)
+    for a in axes:
+        a.set_xlabel("actor steps")
+        a.grid(alpha=0.3)
+        a.xaxis.set_major_formatter(EngFormatter(sep=""))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 class TensorBoardWriter:
     """Writes the numbers of metric rows as TensorBoard scalars (``events.out.tfevents.*`` in ``logdir``).
 

@@ -101,6 +101,22 @@ def target_return_loss(rewards, true_rewards) -> jax.Array:
     return jnp.mean(jnp.square(jnp.sum(rewards, -1) - jnp.sum(true_rewards, -1)))
 
 
+def label_entropy_bound(mu, error_rate=0.1, weights=None) -> jax.Array:
+    """The smallest Bradley-Terry loss any reward model can reach on labels ``mu`` (Ibarz C, Fig. 7).
+
+    With the error model the predicted probability lies in [ε/2, 1 − ε/2], so the per-label minimum
+    is the cross-entropy of μ against μ clipped to that range: log 2 for a tie ("indifferent"
+    label, Ibarz's label entropy) and −log(1 − ε/2) for a strict label (0 without the error model).
+    Weighted mean over labels (``weights``: e.g. which buffer slots are filled).
+    """
+    mu = jnp.asarray(mu, jnp.float32)
+    p = jnp.clip(mu, error_rate / 2, 1.0 - error_rate / 2)
+    xlogy = lambda a, b: jnp.where(a > 0, a * jnp.log(jnp.maximum(b, 1e-30)), 0.0)
+    per = -(xlogy(mu, p) + xlogy(1.0 - mu, 1.0 - p))
+    w = jnp.ones_like(per) if weights is None else jnp.asarray(weights, jnp.float32)
+    return jnp.sum(w * per) / jnp.maximum(jnp.sum(w), 1e-8)
+
+
 def preference_accuracy(returns_1, returns_2, mu, weights=None) -> jax.Array:
     """Fraction of strict labels (μ ≠ 0.5) whose preferred side has the larger predicted return.
 

@@ -82,12 +82,13 @@ class RewardModelSpec:
     action_dtype: str  # "int32" or "float32"
     num_actions: int
     discrete: bool
+    dropout_rate: float = 0.5  # CNN only: Christiano A.2 drops 0.5; Ibarz A.3 keeps 0.8 (drops 0.2)
 
     def build(self) -> nn.Module:
         if self.kind == "mlp":
             return RewardMLP(num_actions=self.num_actions, discrete=self.discrete)
         if self.kind == "cnn":
-            return RewardCNN()
+            return RewardCNN(dropout_rate=self.dropout_rate)
         raise ValueError(f"Unknown reward model kind {self.kind!r}; use 'mlp' or 'cnn'.")
 
     def dummy_inputs(self, batch: int = 2):

@@ -1,0 +1,522 @@
+"""Expert demonstrations (layer 4: data), Ibarz et al. 2018 §2.1 and §2.5.
+
+A demonstration set is one ``.npz`` file (format ``rlhp_jax.demos/1``) holding whole episodes of
+observations, actions and, when known, the true rewards.  Frames are stored once, not once per
+stack: an Atari observation is a stack of the 4 newest 84×84 frames, so consecutive observations
+share 3 of them.
+
+=================  ===============  ==========================================================
+key                shape / dtype    meaning
+=================  ===============  ==========================================================
+``meta``           str (JSON)       ``format``, ``env``, ``obs_shape``, ``frame_shape``,
+                                    ``stack``, ``obs_dtype``, ``num_actions``, ``mask_sha1``
+                                    (digest of the score-blanking mask the frames went
+                                    through), ``source``, ``fps``, ``created``
+``frames``         [F, *frame]      every distinct frame, in recording order
+``obs_frame``      [N] int64        index in ``frames`` of the newest frame of step t's
+                                    observation: ``obs_t = frames[i-stack+1 : i+1]`` stacked on
+                                    the last axis (for ``stack == 1``: ``frames[i]`` itself)
+``actions``        [N] int32        the action taken in ``obs_t``
+``rewards``        [N] float32      the task's reward for the step (optional; absent if unknown)
+``episode_lengths`` [E] int64       steps per episode; episodes are consecutive in N
+=================  ===============  ==========================================================
+
+Frames are written already blanked (score area, ``rlhp_jax.atari_masks``) by the same
+environment wrapper the agent sees, so demos and agent frames are blanked identically (Ibarz
+H.7: a misalignment there drove DQfD's scores to zero).  ``load_demos(path, env)`` refuses
+demos from another game, another frame format, another action set or another blanking mask.
+
+Also here: :func:`autolabels` (Ibarz §2.5: each initial clip paired with a random demo clip,
+the demo preferred) and :func:`record_policy` (demos from any policy, e.g. a trained checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhp_jax import labels as labels_lib
+
+FORMAT = "rlhp_jax.demos/1"
+
+
+class DemoError(ValueError):
+    """A demo file that cannot be used for this run: the message says why and what to do."""
+
+
+# ---------------------------------------------------------------------------- frame format
+@dataclasses.dataclass(frozen=True)
+class FrameFormat:
+    """How an environment's observations are built from frames, and how they were blanked."""
+
+    env: str
+    obs_shape: tuple[int, ...]
+    frame_shape: tuple[int, ...]
+    stack: int
+    obs_dtype: str
+    num_actions: int
+    mask_sha1: str  # "none" where nothing is blanked
+
+    def describe(self) -> str:
+        frame = "×".join(map(str, self.frame_shape))
+        stacked = f"stacks of {self.stack} {frame} frames" if self.stack > 1 else f"{frame} observations"
+        return f"{stacked} ({self.obs_dtype}), {self.num_actions} actions"
+
+
+def frame_format(env) -> FrameFormat:
+    """The frame format of a ``VecEnv``: Atari stacks 4 newest frames on the last axis; every
+    other task's observation is one frame."""
+    spec = env.spec
+    mask = getattr(env, "score_mask", None)
+    digest = "none" if mask is None else hashlib.sha1(np.ascontiguousarray(mask, bool).tobytes()).hexdigest()
+    obs_shape = tuple(int(x) for x in spec.obs_shape)
+    if getattr(env, "domain", None) == "atari":
+        frame_shape, stack, dtype = obs_shape[:-1], obs_shape[-1], "uint8"
+    else:
+        frame_shape, stack, dtype = obs_shape, 1, "float32"
+    return FrameFormat(env=spec.name, obs_shape=obs_shape, frame_shape=frame_shape, stack=stack, obs_dtype=dtype,
+                       num_actions=int(spec.num_actions), mask_sha1=digest)
+
+
+def stack_frames(frames: np.ndarray, newest: np.ndarray, stack: int) -> np.ndarray:
+    """Observations from a frame store: ``newest`` [B] indices -> [B, *frame_shape(, stack)]."""
+    newest = np.asarray(newest, np.int64)
+    if stack == 1:
+        return frames[newest]
+    idx = newest[:, None] + np.arange(1 - stack, 1)[None, :]  # [B, stack], oldest first
+    return np.moveaxis(frames[idx], 1, -1)
+
+
+# ---------------------------------------------------------------------------- the demo set
+@dataclasses.dataclass(frozen=True)
+class Demos:
+    """A loaded demonstration set (numpy arrays; see the module docstring for the format)."""
+
+    meta: dict
+    frames: np.ndarray
+    obs_frame: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray | None
+    episode_lengths: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.actions.shape[0])
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episode_lengths.shape[0])
+
+    @property
+    def stack(self) -> int:
+        return int(self.meta["stack"])
+
+    @property
+    def episode_starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.episode_lengths)[:-1]]).astype(np.int64)
+
+    @property
+    def episode_end(self) -> np.ndarray:
+        """[N] bool: the last step of its episode (DQfD: discount 0 after it)."""
+        end = np.zeros(self.num_steps, bool)
+        end[np.cumsum(self.episode_lengths) - 1] = True
+        return end
+
+    def obs(self, steps) -> np.ndarray:
+        """Observations of the given step indices: [B, *obs_shape]."""
+        return stack_frames(self.frames, self.obs_frame[np.asarray(steps, np.int64)], self.stack)
+
+    def episode_returns(self) -> np.ndarray | None:
+        if self.rewards is None:
+            return None
+        ends = np.cumsum(self.episode_lengths)
+        return np.array([self.rewards[s:e].sum() for s, e in zip(ends - self.episode_lengths, ends)])
+
+    def subset(self, fraction: float) -> "Demos":
+        """The first episodes holding at least ``fraction`` of the steps (at least one episode):
+        Ibarz's "20 % of the demos" experiment."""
+        if not 0.0 < fraction <= 1.0:
+            raise DemoError(f"--demo-fraction must be in (0, 1], got {fraction}")
+        if fraction == 1.0:
+            return self
+        cum = np.cumsum(self.episode_lengths)
+        keep = int(np.searchsorted(cum, fraction * self.num_steps - 1e-9)) + 1
+        keep = min(max(keep, 1), self.num_episodes)
+        n = int(cum[keep - 1])
+        last_frame = int(self.obs_frame[n - 1]) + 1
+        return dataclasses.replace(
+            self, frames=self.frames[:last_frame], obs_frame=self.obs_frame[:n], actions=self.actions[:n],
+            rewards=None if self.rewards is None else self.rewards[:n], episode_lengths=self.episode_lengths[:keep],
+            meta={**self.meta, "subset_of_steps": self.num_steps})
+
+    def segment_starts(self, length: int) -> np.ndarray:
+        """Every step where a clip of ``length`` steps fits inside one episode."""
+        starts = [np.arange(s, s + n - length + 1) for s, n in zip(self.episode_starts, self.episode_lengths)
+                  if n >= length]
+        return np.concatenate(starts) if starts else np.zeros(0, np.int64)
+
+    def segments(self, rng: np.random.Generator, num: int, length: int) -> dict[str, np.ndarray]:
+        """``num`` clips of ``length`` steps drawn uniformly from within episodes:
+        obs [num, length, *obs], action [num, length], true_reward [num, length] (0 if unknown)."""
+        starts = self.segment_starts(length)
+        if starts.size == 0:
+            raise DemoError(f"no demo episode is {length} steps long: clips of {length} steps cannot be cut "
+                            f"(longest episode: {int(self.episode_lengths.max())} steps)")
+        t0 = rng.choice(starts, size=num)
+        steps = t0[:, None] + np.arange(length)[None]
+        obs = self.obs(steps.reshape(-1)).reshape(num, length, *self.meta["obs_shape"])
+        rew = self.rewards[steps] if self.rewards is not None else np.zeros((num, length), np.float32)
+        return dict(obs=obs, action=self.actions[steps], true_reward=rew.astype(np.float32))
+
+
+# ---------------------------------------------------------------------------- writing
+class DemoRecorder:
+    """Builds a demo set step by step, writing each frame once.
+
+    ``add(obs, action, reward)`` records one step of the current episode (``obs`` is the
+    observation the action was taken in, as the agent sees it); ``end_episode()`` closes it.
+    An observation whose older frames continue the previous one adds only its newest frame;
+    any other (an episode's first, or after a discontinuity) adds its whole stack.
+    """
+
+    def __init__(self, fmt: FrameFormat, source: str, fps: float | None = None):
+        self.fmt = fmt
+        self.source = source
+        self.fps = fps
+        self._frames: list[np.ndarray] = []
+        self._obs_frame: list[int] = []
+        self._actions: list[int] = []
+        self._rewards: list[float] = []
+        self._lengths: list[int] = []
+        self._open = 0  # steps in the episode being recorded
+        self._prev: np.ndarray | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._actions)
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self._lengths)
+
+    def _frames_of(self, obs: np.ndarray) -> list[np.ndarray]:
+        if self.fmt.stack == 1:
+            return [obs]
+        return [obs[..., i] for i in range(self.fmt.stack)]
+
+    def add(self, obs, action: int, reward: float | None = None) -> None:
+        obs = np.asarray(obs).astype(self.fmt.obs_dtype, copy=False)
+        if obs.shape != self.fmt.obs_shape:
+            raise DemoError(f"observation shape {obs.shape} is not the environment's {self.fmt.obs_shape}")
+        if not 0 <= int(action) < self.fmt.num_actions:
+            raise DemoError(f"action {action} outside 0..{self.fmt.num_actions - 1}")
+        frames = self._frames_of(obs)
+        continues = (self._open > 0 and self.fmt.stack > 1 and self._prev is not None
+                     and np.array_equal(obs[..., :-1], self._prev[..., 1:]))
+        self._frames.extend(frames[-1:] if continues else frames)
+        self._obs_frame.append(len(self._frames) - 1)
+        self._actions.append(int(action))
+        self._rewards.append(np.nan if reward is None else float(reward))
+        self._prev = obs
+        self._open += 1
+
+    def end_episode(self) -> None:
+        if self._open:
+            self._lengths.append(self._open)
+        self._open = 0
+        self._prev = None
+
+    def arrays(self) -> dict[str, Any]:
+        self.end_episode()
+        rewards = np.asarray(self._rewards, np.float32)
+        meta = dict(format=FORMAT, env=self.fmt.env, obs_shape=list(self.fmt.obs_shape),
+                    frame_shape=list(self.fmt.frame_shape), stack=self.fmt.stack, obs_dtype=self.fmt.obs_dtype,
+                    num_actions=self.fmt.num_actions, mask_sha1=self.fmt.mask_sha1, source=self.source,
+                    fps=self.fps, created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        out = dict(meta=np.asarray(json.dumps(meta)),
+                   frames=np.asarray(self._frames, self.fmt.obs_dtype).reshape(-1, *self.fmt.frame_shape),
+                   obs_frame=np.asarray(self._obs_frame, np.int64), actions=np.asarray(self._actions, np.int32),
+                   episode_lengths=np.asarray(self._lengths, np.int64))
+        if rewards.size and not np.isnan(rewards).any():
+            out["rewards"] = rewards
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the set atomically (temporary file, fsync, rename); refuses an empty set."""
+        arrays = self.arrays()
+        if arrays["actions"].size == 0:
+            raise DemoError("no steps were recorded: nothing to save")
+        return save_arrays(path, arrays)
+
+
+def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> Path:
+    path = Path(path)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------- reading
+def read_demos(path: str | os.PathLike) -> Demos:
+    """Read and check a demo file on its own (no environment to compare with)."""
+    path = Path(path)
+    if not path.exists():
+        raise DemoError(f"demo file {path} does not exist")
+    if path.is_dir():
+        raise DemoError(f"{path} is a directory; pass the demo .npz file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise DemoError(f"{path} is not a demo file (a .npz written by rlhp_jax.demos): {e}") from None
+    missing = [k for k in ("meta", "frames", "obs_frame", "actions", "episode_lengths") if k not in data]
+    if missing:
+        raise DemoError(f"{path} is not a demo file: it lacks {', '.join(missing)}")
+    try:
+        meta = json.loads(str(data["meta"]))
+    except json.JSONDecodeError:
+        raise DemoError(f"{path}: its meta record is not JSON") from None
+    if meta.get("format") != FORMAT:
+        raise DemoError(f"{path} has format {meta.get('format')!r}; this version reads {FORMAT!r}")
+    demos = Demos(meta=meta, frames=data["frames"], obs_frame=data["obs_frame"].astype(np.int64),
+                  actions=data["actions"].astype(np.int32),
+                  rewards=data["rewards"].astype(np.float32) if "rewards" in data else None,
+                  episode_lengths=data["episode_lengths"].astype(np.int64))
+    n = demos.num_steps
+    if n == 0 or demos.num_episodes == 0:
+        raise DemoError(f"{path} holds no demonstration steps: record some first "
+                        "(python -m rlhp_jax.demos record ... or play in the browser)")
+    stack = int(meta["stack"])
+    problems = []
+    if int(demos.episode_lengths.sum()) != n or (demos.episode_lengths < 1).any():
+        problems.append("episode lengths do not add up to the number of steps")
+    if demos.obs_frame.shape != (n,) or demos.obs_frame.min() < stack - 1 or demos.obs_frame.max() >= len(demos.frames):
+        problems.append("frame indices point outside the stored frames")
+    if tuple(demos.frames.shape[1:]) != tuple(meta["frame_shape"]):
+        problems.append(f"frames have shape {demos.frames.shape[1:]}, the header says {meta['frame_shape']}")
+    if (demos.actions < 0).any() or (demos.actions >= int(meta["num_actions"])).any():
+        problems.append("actions outside the recorded action set")
+    if problems:
+        raise DemoError(f"{path} is damaged: " + "; ".join(problems))
+    return demos
+
+
+def load_demos(path: str | os.PathLike, env) -> Demos:
+    """Read a demo file and check it fits ``env``: same game, frame format, action set and
+    score blanking.  Raises :class:`DemoError` saying what differs."""
+    demos = read_demos(path)
+    fmt, meta = frame_format(env), demos.meta
+    if meta["env"] != fmt.env:
+        raise DemoError(f"{path} holds demonstrations of {meta['env']}, but this run plays {fmt.env}: "
+                        f"record demos of {fmt.env} or choose --env {meta['env']}")
+    theirs = FrameFormat(env=meta["env"], obs_shape=tuple(meta["obs_shape"]), frame_shape=tuple(meta["frame_shape"]),
+                         stack=int(meta["stack"]), obs_dtype=str(meta["obs_dtype"]),
+                         num_actions=int(meta["num_actions"]), mask_sha1=str(meta["mask_sha1"]))
+    if (theirs.obs_shape, theirs.stack, theirs.obs_dtype) != (fmt.obs_shape, fmt.stack, fmt.obs_dtype) \
+            or str(demos.frames.dtype) != fmt.obs_dtype:
+        raise DemoError(f"{path} was recorded as {theirs.describe()}; this run's agent sees {fmt.describe()}. "
+                        "Record the demos with this version's environment wrapper.")
+    if theirs.num_actions != fmt.num_actions:
+        raise DemoError(f"{path} was recorded with {theirs.num_actions} actions and this environment has "
+                        f"{fmt.num_actions} (minimal vs full action set?): record with the same action set")
+    if theirs.mask_sha1 != fmt.mask_sha1:
+        raise DemoError(f"{path} was blanked with another score-area mask than this run's frames: DQfD is "
+                        "very sensitive to such differences (Ibarz et al. 2018, H.7). Record the demos again.")
+    mask = getattr(env, "score_mask", None)
+    if mask is not None and demos.frames[:, np.asarray(mask, bool)].any():
+        raise DemoError(f"{path} has pixels inside the score area: its frames were not blanked like the agent's "
+                        "(Ibarz et al. 2018, H.7). Record the demos again.")
+    return demos
+
+
+# ---------------------------------------------------------------------------- recording from a policy
+def record_policy(env, act: Callable[[np.ndarray, jax.Array], np.ndarray], key: jax.Array, *,
+                  episodes: int, max_steps: int, source: str, progress: Callable[[int, int], None] | None = None
+                  ) -> DemoRecorder:
+    """Record ``episodes`` episodes (at most ``max_steps`` steps in all) of ``act`` in the first
+    environment of ``env`` (a ``VecEnv``).  ``act(obs [N, ...], key) -> actions [N]``.
+
+    An episode ends where the task's own episode does (game over, or the time limit); the step
+    after it that envpool spends on its deferred reset is not recorded.
+    """
+    rec = DemoRecorder(frame_format(env), source=source, fps=getattr(env, "fps", None))
+    step = jax.jit(env.step)
+    key, k_reset = jax.random.split(key)
+    state, obs = env.reset(k_reset)
+    ends_on_terminate = env.spec.on_terminate == "reset"
+    while rec.num_episodes < episodes and rec.num_steps < max_steps:
+        key, k_act, k_env = jax.random.split(key, 3)
+        obs_np = np.asarray(obs)
+        action = np.asarray(act(obs_np, k_act))
+        state, out = step(k_env, state, jnp.asarray(action))
+        if not bool(out.valid[0]):  # envpool's deferred reset: no transition
+            rec.end_episode()
+        else:
+            rec.add(obs_np[0], int(action[0]), float(out.raw_reward[0]))
+            if bool(out.boundary[0]) or (ends_on_terminate and bool(out.terminated[0])):
+                rec.end_episode()
+        obs = out.obs
+        if progress is not None:
+            progress(rec.num_episodes, rec.num_steps)
+    rec.end_episode()
+    return rec
+
+
+# ---------------------------------------------------------------------------- autolabels
+def autolabels(initial_pairs: labels_lib.SegmentPairs, demo_clips: dict[str, np.ndarray]
+               ) -> tuple[labels_lib.SegmentPairs, np.ndarray]:
+    """Ibarz §2.5 / A.4: every clip of every initial pair paired with a demo clip, the demo preferred.
+
+    ``initial_pairs`` holds k pairs ``[k, 2, T, ...]``; ``demo_clips`` holds 2k clips
+    (``obs [2k, T, ...]``, ``action``, ``true_reward``, e.g. from :meth:`Demos.segments`).
+    Returns 2k pairs with the demo clip first and μ = 1 (σ¹ ≻ σ²) for every one.
+    """
+    k, two, t = initial_pairs.obs.shape[:3]
+    if demo_clips["obs"].shape[0] != 2 * k or demo_clips["obs"].shape[1] != t:
+        raise ValueError(f"autolabels needs {2 * k} demo clips of {t} steps, got {demo_clips['obs'].shape[:2]}")
+    flat = lambda x: np.asarray(x).reshape(2 * k, *np.asarray(x).shape[2:])
+    pairs = labels_lib.SegmentPairs(
+        obs=np.stack([np.asarray(demo_clips["obs"], np.asarray(initial_pairs.obs).dtype), flat(initial_pairs.obs)], 1),
+        action=np.stack([np.asarray(demo_clips["action"], np.asarray(initial_pairs.action).dtype),
+                         flat(initial_pairs.action)], 1),
+        true_reward=np.stack([np.asarray(demo_clips["true_reward"], np.float32), flat(initial_pairs.true_reward)], 1))
+    return pairs, np.ones(2 * k, np.float32)
+
+
+def describe(demos: Demos) -> dict[str, Any]:
+    """A summary for people (the ``info`` command)."""
+    returns = demos.episode_returns()
+    return dict(env=demos.meta["env"], source=demos.meta.get("source"), episodes=demos.num_episodes,
+                steps=demos.num_steps, frames_stored=int(demos.frames.shape[0]),
+                frame_format=f"{demos.meta['frame_shape']} × stack {demos.meta['stack']} ({demos.meta['obs_dtype']})",
+                num_actions=demos.meta["num_actions"],
+                episode_returns=None if returns is None else [float(r) for r in returns],
+                mean_return=None if returns is None else float(np.mean(returns)), created=demos.meta.get("created"))
+
+
+# ---------------------------------------------------------------------------- command line
+def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
+    """``act(obs, key)`` of a trained policy: the newest models of an Ibarz run (DQfD, ε-greedy)
+    or the newest checkpoint of a Christiano run (the agent's greedy action)."""
+    run = Path(run_dir)
+    cfg_path = run / "config.json"
+    if not cfg_path.is_file():
+        raise DemoError(f"{run}: no config.json there (is it a run directory?)")
+    saved = json.loads(cfg_path.read_text())
+    if saved.get("env") != env.spec.name and saved.get("env", "").split("-v")[0] != env.spec.name:
+        raise DemoError(f"{run} trained on {saved.get('env')}, not {env.spec.name}")
+    if saved.get("protocol") == "ibarz":
+        from rlhp_jax import ibarz
+
+        cfg = ibarz.config_from_json(saved)
+        agent = ibarz.DQfD(env.spec, cfg.agent_config)
+        from rlhp_jax.ensemble import RewardEnsemble
+        from rlhp_jax.reward_models import reward_model_spec_for
+
+        rm = RewardEnsemble(dataclasses.replace(reward_model_spec_for(env.spec), dropout_rate=cfg.reward_dropout),
+                            cfg.reward_model)
+        params, _, _ = ibarz.load_models(run, agent, rm, agent.init(jax.random.PRNGKey(0)).params,
+                                         rm.init(jax.random.PRNGKey(0)))
+        act = jax.jit(lambda o, k: agent.act(params, o, k, epsilon))
+        return lambda obs, key: act(jnp.asarray(obs), key)
+    from rlhp_jax.driver import PreferenceRun, config_from_json
+
+    cfg = dataclasses.replace(config_from_json(saved), out=str(run))
+    pr = PreferenceRun(cfg, progress=False, resume=True)
+    ckpt = pr._checkpointer()
+    if ckpt.latest_step() is None:
+        raise DemoError(f"{run}: no checkpoint to record a policy from")
+    key = jax.random.PRNGKey(0)
+    template = pr._saveable(pr.agent.init(key), jax.jit(pr.ensemble.init)(key),
+                            pr.ensemble.empty_buffer(min(cfg.label_capacity or cfg.labels, cfg.labels), pr.seg_len),
+                            key, *pr.env.reset(key))
+    state, _ = ckpt.restore(template)
+    params = state["agent"].params
+    greedy = jax.jit(pr.agent.act_deterministic)
+
+    def act(obs, key):
+        k1, k2 = jax.random.split(key)
+        a = greedy(params, jnp.asarray(obs))
+        rand = jax.random.randint(k1, a.shape, 0, env.spec.num_actions)
+        return jnp.where(jax.random.uniform(k2, a.shape) < epsilon, rand, a)
+
+    return act
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m rlhp_jax.demos", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="record demonstrations of a trained policy (a run directory)")
+    r.add_argument("--run", required=True, help="run directory (experiments.atari / experiments.classic)")
+    r.add_argument("--env", default=None, help="task (default: the run's)")
+    r.add_argument("--episodes", type=int, default=3)
+    r.add_argument("--max-steps", type=int, default=100_000, help="stop after this many steps in all")
+    r.add_argument("--epsilon", type=float, default=0.01, help="random actions with this probability")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", required=True, help="demo file to write (.npz)")
+    i = sub.add_parser("info", help="describe a demo file")
+    i.add_argument("file")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "info":
+            print(json.dumps(describe(read_demos(args.file)), indent=2))
+            return 0
+        run = Path(args.run)
+        if not (run / "config.json").is_file():
+            raise DemoError(f"{run}: no config.json there (is it a run directory?)")
+        saved = json.loads((run / "config.json").read_text())
+        from rlhp_jax.envs import make_env
+
+        options = dict(tuple(x) for x in saved.get("env_options", ()))
+        if saved.get("protocol") == "ibarz" and not options:
+            from rlhp_jax import envpool_envs, ibarz
+
+            if envpool_envs.is_envpool_env(saved["env"]):
+                options = dict(ibarz.ATARI_OPTIONS)
+        env = make_env(args.env or saved["env"], 1, **options)
+        act = policy_from_run(run, env, args.epsilon)
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.episodes, desc="episodes", unit="ep")
+
+        def progress(episodes, steps):
+            bar.n = episodes
+            bar.set_postfix(steps=steps)
+            bar.refresh()
+
+        rec = record_policy(env, act, jax.random.PRNGKey(args.seed), episodes=args.episodes, max_steps=args.max_steps,
+                            source=f"policy:{run}", progress=progress)
+        bar.close()
+        path = rec.save(args.out)
+        print(json.dumps(describe(read_demos(path)), indent=2))
+        print(f"demonstrations written to {path}")
+        return 0
+    except (DemoError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,638 @@
+"""The training protocol of Ibarz et al. 2018 (layer 6: driver): Algorithm 1 and appendix A.4.
+
+    1. the expert's demonstrations                       (``--demos``, rlhp_jax.demos)
+    2. pretrain the policy on them (J_E + Q loss)        20,000 batches
+    3. run it: the initial trajectories
+    4-5. uniformly chosen clip pairs, labeled            500 (250 / 125 / 83 on reduced schedules)
+    6. optionally autolabels: demo clip ≻ initial clip   2 per initial pair
+    7. train the reward model                            50,000 batches
+    8. pretrain the policy on the demos again, now with r̂  60,000 batches
+    9-14. iterations of 1e5 actor steps with r̂ fixed; after each: labels per the schedule from its
+        trajectories, 6,250 reward-model batches, r̂ renormalized to mean 0 and std 0.05 over the
+        annotation buffer
+
+The agent is DQfD (``rlhp_jax.agents.dqfd``) on the prioritized replay of ``rlhp_jax.replay``
+(demonstrations permanent); the reward model is a single A.3 predictor (no ensemble, uniform
+batches from the annotation buffer, 1/e held out with adaptive L2, input noise 0.1, an L2 prior
+on its outputs, dropout 0.2).  Setups (Ibarz §3): ``imitation`` (J_E on the demos only, no
+preferences), ``no_demos`` (DQN from preferences), ``demos+prefs`` and
+``demos+prefs+autolabels``.  ``frozen_reward`` trains a fresh agent on a finished run's reward
+model, held fixed and never relabeled (the reward-hacking experiment of §3.2).
+
+Acting and learning are one host loop over two compiled functions (act+step, and
+sample→r̂→update), because the replay buffer lives in host memory (see ``replay``).  Checkpoints
+(orbax) are written after each stage and each iteration and hold the agent, the reward model, the
+annotation buffer, the replay buffer, the RNG states and the counters; a run killed at any moment
+continues from the last one with no label lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhp_jax import labels as labels_lib
+from rlhp_jax.agents.dqfd import DQfD, DQfDConfig
+from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
+from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
+from rlhp_jax.envs import make_env
+from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, plot_ibarz_run, read_jsonl, segment_return_correlation
+from rlhp_jax.preferences import check_labels, label_entropy_bound
+from rlhp_jax.replay import PrioritizedReplay, ReplayConfig
+from rlhp_jax.reward_models import reward_model_spec_for
+from rlhp_jax.schedules import label_schedule
+from rlhp_jax.teachers import SyntheticTeacher
+
+SETUPS = {
+    "imitation": "the large-margin loss on the demonstrations only: no preferences, no RL",
+    "no_demos": "preferences only (Christiano et al.'s setup, with DQN)",
+    "demos+prefs": "demonstrations and preferences",
+    "demos+prefs+autolabels": "demonstrations and preferences, plus demo-preferred labels on the initial clips",
+}
+FULL_SCHEDULE = 6800  # A.3: the full schedule's labels; 500 of them initial
+FULL_INITIAL = 500
+
+# Ibarz A.1 on Atari: all 18 actions, 0-90 no-ops at reset
+ATARI_OPTIONS = (("full_action_space", True), ("noop_max", 90))
+
+
+@dataclasses.dataclass(frozen=True)
+class IbarzConfig:
+    env: str = "Pong"
+    setup: str = "demos+prefs"
+    demos: str | None = None  # demo file (rlhp_jax.demos); required unless setup is no_demos
+    demo_fraction: float = 1.0  # Ibarz Fig. 1: "20 % demos"
+    total_steps: int = 50_000_000  # A.4: 500 iterations of 1e5 actor steps
+    iteration_steps: int = 100_000  # A.4: actor steps per iteration (reward model fixed within)
+    labels: int = FULL_SCHEDULE  # A.3: 6,800 (reduced: 3,400 / 1,700 / 1,133)
+    initial_labels: int | None = None  # None: 500 · labels / 6,800 (A.4: 500 / 250 / 125 / 83)
+    rate_constant: float = 5e6  # A.3: rate ∝ 5e6 / (T + 5e6)
+    segment_length: int = 25  # A.3: clips of 25 actor steps
+    bc_batches: int = 20_000  # A.4: first pretraining on the demos
+    rm_pretrain_batches: int = 50_000  # A.4: reward model on the initial labels
+    second_pretrain_batches: int = 60_000  # A.4: second pretraining, with r̂
+    rm_batches_per_iteration: int = 6_250  # A.4
+    initial_steps: int | None = None  # actor steps of the initial trajectories; None: 2 · initial · segment
+    num_envs: int = 1  # actors stepping together (each its own replay lane)
+    seed: int = 0
+    env_options: tuple = ()  # None of the Atari defaults (ATARI_OPTIONS) is applied when set
+    agent_config: DQfDConfig = DQfDConfig()
+    replay: ReplayConfig = ReplayConfig()
+    reward_model: EnsembleConfig = EnsembleConfig(
+        num_members=1,  # A.3: "We do not use an ensemble"
+        bootstrap=False,  # A.4: batches "sampled uniformly from the annotation buffer"
+        input_noise=0.1,  # A.3: Gaussian noise of amplitude 0.1 on [0, 1] inputs
+        reward_l2=0.01,  # A.3: a loss ∝ squared predicted reward (the weight is not given)
+        reward_std=0.05,  # A.3: normalized to std 0.05 over the annotation buffer
+    )
+    reward_dropout: float = 0.2  # A.3: per-channel dropout "with α = 0.8" (keep probability)
+    teacher: SyntheticTeacher = SyntheticTeacher()
+    frozen_reward: str | None = None  # a finished run's directory: its reward model, fixed
+    model_reward_samples: int = 4096  # steps per iteration scored for the model-vs-true reward curves
+    keep_checkpoints: int = 2
+    checkpoint_replay: bool = True  # replay buffer in checkpoints (7 GB when full on Atari)
+    out: str = "runs/ibarz"
+    protocol: str = "ibarz"  # marks config.json for --resume
+
+    def __post_init__(self):
+        if self.setup not in SETUPS:
+            raise ValueError(f"Unknown setup {self.setup!r}. Available: {', '.join(SETUPS)}.")
+        if self.setup != "no_demos" and not self.demos:
+            raise ValueError(f"The {self.setup} setup learns from demonstrations: give --demos PATH "
+                             "(record some with python -m rlhp_jax.demos record or python -m rlhp_jax.human play).")
+        if self.setup == "no_demos" and self.demos:
+            raise ValueError("--setup no_demos uses no demonstrations: drop --demos (or choose another setup).")
+        if self.total_steps < 1 or self.iteration_steps < 1:
+            raise ValueError("total_steps and iteration_steps must be positive")
+        if self.setup not in ("imitation",) and self.frozen_reward is None and self.labels < 1:
+            raise ValueError(f"Learning from preferences needs labels; got --labels {self.labels}.")
+        if self.frozen_reward is not None and self.setup == "imitation":
+            raise ValueError("--frozen-reward trains on a reward model; the imitation setup uses none.")
+        for name in ("bc_batches", "rm_pretrain_batches", "second_pretrain_batches", "rm_batches_per_iteration"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
+
+    @property
+    def learns_rewards(self) -> bool:
+        return self.setup != "imitation" and self.frozen_reward is None
+
+    @property
+    def uses_reward_model(self) -> bool:
+        return self.setup != "imitation"
+
+    @property
+    def uses_demos(self) -> bool:
+        return self.setup != "no_demos"
+
+    def initial_count(self) -> int:
+        if self.initial_labels is not None:
+            return min(int(self.initial_labels), self.labels)
+        return min(self.labels, max(1, round(FULL_INITIAL * self.labels / FULL_SCHEDULE)))
+
+
+def config_to_json(cfg: IbarzConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def config_from_json(d: dict) -> IbarzConfig:
+    def build(cls, values):
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                v = values[f.name]
+                kw[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+        return cls(**kw)
+
+    d = dict(d)
+    d["agent_config"] = build(DQfDConfig, d.get("agent_config", {}))
+    d["replay"] = build(ReplayConfig, d.get("replay", {}))
+    d["reward_model"] = build(EnsembleConfig, d.get("reward_model", {}))
+    d["teacher"] = build(SyntheticTeacher, d.get("teacher", {}))
+    d["env_options"] = tuple(tuple(x) for x in d.get("env_options", ()))
+    return build(IbarzConfig, d)
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+# stages of the protocol; a checkpoint's step number is the stage it completed
+BC, INITIAL, RM_PRETRAIN, SECOND_PRETRAIN = 1, 2, 3, 4
+FIRST_ITERATION = 5
+
+
+class IbarzRun:
+    """Builds the components of a config and runs the protocol; ``run()`` returns a summary."""
+
+    def __init__(self, config: IbarzConfig, progress: bool = True, log: Callable[[str], None] = print,
+                 resume: bool = False):
+        self.cfg = cfg = config
+        self.progress, self.log, self.resume = progress, log, resume
+        options = dict(cfg.env_options)
+        from rlhp_jax import envpool_envs
+
+        if envpool_envs.is_envpool_env(cfg.env) and not cfg.env_options:
+            options = dict(ATARI_OPTIONS)
+        self.env = make_env(cfg.env, cfg.num_envs, **options)
+        self.spec = spec = self.env.spec
+        if not spec.discrete:
+            raise ValueError(f"DQfD needs discrete actions; {spec.name} is continuous. "
+                             "Use python -m experiments.mujoco (TRPO) for it.")
+        self.fmt = frame_format(self.env)
+        agent_cfg = cfg.agent_config
+        if cfg.setup == "imitation":  # no reward: the supervised margin loss alone
+            agent_cfg = dataclasses.replace(agent_cfg, td_weight=0.0)
+        self.agent = DQfD(spec, agent_cfg)
+        model_spec = dataclasses.replace(reward_model_spec_for(spec), dropout_rate=cfg.reward_dropout)
+        self.rm = RewardEnsemble(model_spec, cfg.reward_model)
+        self.demos: Demos | None = None
+        if cfg.uses_demos:
+            self.demos = load_demos(cfg.demos, self.env).subset(cfg.demo_fraction)
+        self.initial = cfg.initial_count() if cfg.learns_rewards else 0
+        self.num_iters = max(1, math.ceil(cfg.total_steps / cfg.iteration_steps))
+        self.total_steps = self.num_iters * cfg.iteration_steps
+        if cfg.learns_rewards:
+            self.schedule = label_schedule(cfg.labels, self.total_steps, initial_count=self.initial,
+                                           rate_constant=cfg.rate_constant)
+        self.autolabel_count = 2 * self.initial if cfg.setup == "demos+prefs+autolabels" else 0
+        if self.autolabel_count and self.demos.segment_starts(cfg.segment_length).size == 0:
+            raise DemoError(f"autolabels need demo clips of {cfg.segment_length} steps, and no demo episode is "
+                            f"that long (longest: {int(self.demos.episode_lengths.max())} steps)")
+        self.initial_steps = cfg.initial_steps or 2 * self.initial * cfg.segment_length
+        self.initial_steps = max(self.initial_steps, cfg.segment_length + cfg.replay.n_step + 1) \
+            if cfg.learns_rewards else 0
+        self.can_save_env = hasattr(self.env, "episodic_reset")  # pure-JAX envs: their state is a pytree
+        self._build_functions()
+
+    # ------------------------------------------------------------------ compiled pieces
+    def _build_functions(self):
+        agent, rm, cfg, env = self.agent, self.rm, self.cfg, self.env
+        n = cfg.replay.n_step
+        uses_rm = cfg.uses_reward_model
+
+        def act_step(params, env_state, obs, key, epsilon):
+            k_act, k_env = jax.random.split(key)
+            action = agent.act(params, obs, k_act, epsilon)
+            env_state, out = env.step(k_env, env_state, action)
+            return env_state, action, out
+
+        def rewards_of(rm_state, obs, action):
+            """r̂ of [B, k, ...] observations (normalized, std 0.05): [B, k]."""
+            b, k = obs.shape[:2]
+            if not uses_rm:
+                return jnp.zeros((b, k), jnp.float32)
+            flat_o = obs.reshape(b * k, *obs.shape[2:])
+            flat_a = action.reshape(b * k, *action.shape[2:])
+            return rm.predict_reward(rm_state, flat_o, flat_a).reshape(b, k)
+
+        def learn(agent_state, rm_state, batch, margin_on):
+            rewards = rewards_of(rm_state, batch["obs"][:, :n], batch["action"][:, :n])
+            agent_state, metrics, td_abs = agent.update(agent_state, batch, rewards, margin_on)
+            metrics["reward_mean"] = jnp.mean(rewards)
+            return agent_state, metrics, td_abs
+
+        self._act_step = jax.jit(act_step)
+        self._learn = jax.jit(learn)
+        self._rewards = jax.jit(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
+        self._fit = rm.fitter()
+        self._evaluate_rm = jax.jit(rm.evaluate)
+        self._label = jax.jit(cfg.teacher.label_pairs)
+        self._add = jax.jit(labels_lib.add_labels)
+        self._bound = jax.jit(lambda buf: label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled))
+
+    # ------------------------------------------------------------------ pieces of the protocol
+    def _learn_steps(self, num: int, demo_only: bool, desc: str):
+        """``num`` learning steps (pretraining: on the demonstrations only)."""
+        bar = self._bar(num, desc, unit="batch")
+        history = []
+        for _ in range(num):
+            self._one_learning_step(demo_only, history)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return _mean_metrics(history)
+
+    def _one_learning_step(self, demo_only: bool, history: list):
+        batch = self.replay.sample(self.rng, self.agent.config.batch_size, demo_only=demo_only)
+        idx = batch.pop("index")
+        batch.pop("true_reward")
+        self.agent_state, metrics, td_abs = self._learn(self.agent_state, self.rm_state, batch,
+                                                        jnp.float32(self.demos is not None))
+        self.replay.update_priorities(idx, np.asarray(td_abs))
+        history.append(metrics)
+
+    def _bar(self, total: int, desc: str, unit: str = "step", initial: int = 0):
+        if not self.progress or total <= 0:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True)
+
+    def _act(self, num_steps: int, learn: bool, history: list, on_step=None):
+        """``num_steps`` actor steps (per actor: num_steps / num_envs), storing every transition and
+        learning every ``update_every`` actor steps.  Returns finished episodes' scores."""
+        cfg, agent = self.cfg, self.agent
+        n_env = self.env.num_envs
+        scores = []
+        demo_only = cfg.setup == "imitation"
+        for _ in range(math.ceil(num_steps / n_env)):
+            self.key, k = jax.random.split(self.key)
+            eps = agent.epsilon(self.actor_steps)
+            obs_before = self.obs
+            self.env_state, action, out = self._act_step(self.agent_state.params, self.env_state, self.obs, k, eps)
+            obs_np = np.asarray(obs_before)
+            out = jax.device_get(out)
+            self.replay.add(obs_np, np.asarray(action), out.valid, out.true_reward)
+            self.obs = out.obs
+            ends = np.asarray(out.boundary) | (np.asarray(out.terminated) if self.spec.on_terminate == "reset" else False)
+            raw = np.where(out.valid, out.raw_reward, 0.0)
+            self.episode_sums += raw
+            for i in np.flatnonzero(ends):
+                scores.append(float(self.episode_sums[i]))
+                self.episode_sums[i] = 0.0
+            self.actor_steps += n_env
+            if learn:
+                self.iteration_actor_steps += n_env
+                due = self.iteration_actor_steps // agent.config.update_every - self.learn_steps_done
+                for _ in range(max(0, int(due))):
+                    if self.replay.tree.total <= 0 and not demo_only:
+                        break  # nothing drawable yet (no demos, first steps)
+                    self._one_learning_step(demo_only, history)
+                    self.learn_steps_done += 1
+            if on_step is not None:
+                on_step(n_env)
+        return scores
+
+    def _label_recent(self, since: np.ndarray, num: int, key) -> tuple[int, labels_lib.SegmentPairs | None]:
+        """Label ``num`` uniformly chosen clip pairs from the steps written since ``since``."""
+        if num <= 0:
+            return 0, None
+        starts = self.replay.recent_segment_starts(since, self.cfg.segment_length)
+        pool = [(lane, s) for lane, st in enumerate(starts) for s in st]
+        if not pool:
+            self.log("no clip fits in the latest trajectories: no labels this time")
+            return 0, None
+        lanes = np.array([p[0] for p in pool])
+        steps = np.array([p[1] for p in pool])
+        answered, first = 0, None
+        remaining = num
+        while remaining > 0:
+            q = min(_bucket(remaining), 512)
+            take = min(q, remaining)
+            pick = self.rng.integers(0, len(pool), size=2 * q)
+            clips = self.replay.segments(lanes[pick], steps[pick], self.cfg.segment_length)
+            pairs = labels_lib.SegmentPairs(
+                obs=jnp.asarray(clips["obs"].reshape(q, 2, *clips["obs"].shape[1:])),
+                action=jnp.asarray(clips["action"].reshape(q, 2, -1)),
+                true_reward=jnp.asarray(clips["true_reward"].reshape(q, 2, -1)))
+            key, k_t, k_a = jax.random.split(key, 3)
+            mu, ok = self._label(k_t, pairs)
+            mask = (jnp.arange(q) < take) & ok
+            check_labels(np.asarray(mu)[np.asarray(mask)])
+            self.buffer = self._add(self.buffer, k_a, pairs, mu, mask)
+            answered += int(mask.sum())
+            if first is None:
+                first = jax.tree.map(lambda x: np.asarray(x[:take]), pairs)
+            self.asked += take
+            remaining -= take
+        self.answered += answered
+        return answered, first
+
+    def _add_autolabels(self, initial_pairs: labels_lib.SegmentPairs, key) -> int:
+        """Ibarz §2.5: each clip of each initial pair against a random demo clip, the demo preferred."""
+        k = initial_pairs.obs.shape[0]
+        demo = self.demos.segments(self.rng, 2 * k, self.cfg.segment_length)
+        pairs, mu = autolabels(initial_pairs, demo)
+        for lo in range(0, 2 * k, 512):
+            hi = min(2 * k, lo + 512)
+            q = _bucket(hi - lo)
+            pad = lambda x: np.concatenate([x[lo:hi], np.zeros((q - (hi - lo), *x.shape[1:]), x.dtype)])
+            chunk = labels_lib.SegmentPairs(obs=jnp.asarray(pad(pairs.obs)), action=jnp.asarray(pad(pairs.action)),
+                                            true_reward=jnp.asarray(pad(pairs.true_reward)))
+            key, k_a = jax.random.split(key)
+            self.buffer = self._add(self.buffer, k_a, chunk, jnp.asarray(pad(mu)), jnp.arange(q) < hi - lo)
+        self.autolabels_added += 2 * k
+        return 2 * k
+
+    def _fit_rm(self, num: int, key) -> dict:
+        if num <= 0 or not self.cfg.learns_rewards:
+            return {}
+        self.rm_state, m = self._fit(self.rm_state, self.buffer, key, num)
+        ev = self._evaluate_rm(self.rm_state, self.buffer)
+        return dict(rm_train_loss=float(jnp.nanmean(m["train_loss"])), rm_val_loss=_nanmean(ev["val_loss"]),
+                    val_accuracy=_nanmean(ev["val_accuracy"]), train_accuracy=_nanmean(ev["train_accuracy"]),
+                    rm_l2=float(jnp.mean(self.rm_state.l2)),
+                    label_entropy_bound=float(self._bound(self.buffer)))
+
+    def _model_vs_true(self, since: np.ndarray) -> dict:
+        """r̂ and the oracle's reward per 1,000 actor steps over steps sampled from the latest
+        trajectories (the reward-hacking view of Ibarz Fig. 4), and their correlation over clips."""
+        if not self.cfg.uses_reward_model:
+            return {}
+        s = self.replay.recent_steps(self.rng, since, self.cfg.model_reward_samples)
+        if s["obs"].shape[0] == 0:
+            return {}
+        r = np.concatenate([np.asarray(self._rewards(self.rm_state, jnp.asarray(s["obs"][i:i + 512]),
+                                                     jnp.asarray(s["action"][i:i + 512])))
+                            for i in range(0, s["obs"].shape[0], 512)])
+        row = dict(model_reward_per_1000=1000 * float(r.mean()),
+                   true_reward_per_1000=1000 * float(s["true_reward"].mean()))
+        starts = self.replay.recent_segment_starts(since, self.cfg.segment_length)
+        pool = [(lane, st) for lane, ss in enumerate(starts) for st in ss]
+        if len(pool) >= 2:
+            pick = self.rng.integers(0, len(pool), size=min(256, len(pool)))
+            lanes = np.array([pool[i][0] for i in pick])
+            steps = np.array([pool[i][1] for i in pick])
+            clips = self.replay.segments(lanes, steps, self.cfg.segment_length)
+            o, a = clips["obs"], clips["action"]
+            rr = np.asarray(self._rewards(self.rm_state, jnp.asarray(o.reshape(-1, *o.shape[2:])),
+                                          jnp.asarray(a.reshape(-1, *a.shape[2:])))).reshape(a.shape[:2])
+            c = segment_return_correlation(jnp.asarray(rr.sum(1)), jnp.asarray(clips["true_reward"].sum(1)))
+            row["reward_correlation"] = _finite(c)
+        return row
+
+    # ------------------------------------------------------------------ state
+    def _saveable(self):
+        state = dict(agent=self.agent_state, rm=self.rm_state, buffer=self.buffer, key=self.key)
+        if self.cfg.checkpoint_replay:
+            state["replay"] = self.replay.state_dict()
+        if self.can_save_env:
+            state.update(env_state=self.env_state, obs=self.obs)
+        return state
+
+    def _meta(self, stage: int) -> dict:
+        return dict(stage=stage, actor_steps=self.actor_steps, learn_steps=self.learn_steps_done,
+                    iteration_actor_steps=self.iteration_actor_steps,
+                    queries=self.asked, labels=self.answered, autolabels=self.autolabels_added,
+                    episode_sums=self.episode_sums.tolist(), rng=self.rng.bit_generator.state,
+                    since=self.since.tolist(), wall_s=self.wall_before + time.perf_counter() - self.t_start)
+
+    def _save(self, stage: int):
+        meta = self._meta(stage)
+        self.ckpt.save(stage, self._saveable(), meta)
+        # the trained models alone (small): for --frozen-reward, the diagnostics and demo recording
+        self.models.save(stage, dict(agent=self.agent_state.params, rm=self.rm_state), meta)
+
+    def _load_frozen(self):
+        """The reward model of a finished run (Ibarz §3.2: "frozen reward models")."""
+        from rlhp_jax.checkpoint import Checkpointer
+
+        src = Path(self.cfg.frozen_reward)
+        if not (src / "config.json").is_file():
+            raise ValueError(f"--frozen-reward {src}: no config.json there (is it a finished run's directory?)")
+        other = config_from_json(json.loads((src / "config.json").read_text()))
+        if other.env != self.cfg.env:
+            raise ValueError(f"--frozen-reward {src} learned a reward for {other.env}, not {self.cfg.env}")
+        if not other.learns_rewards:
+            raise ValueError(f"--frozen-reward {src}: that run learned no reward model ({other.setup} setup"
+                             + (", itself frozen" if other.frozen_reward else "") + ")")
+        _, rm_state, meta = load_models(src, self.agent, self.rm, self.agent_state.params, self.rm_state)
+        self.log(f"reward model frozen from {src} (stage {meta['stage']}, {meta['labels']} labels)")
+        return rm_state
+
+    # ------------------------------------------------------------------ the protocol
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        out = Path(cfg.out)
+        from rlhp_jax.checkpoint import Checkpointer
+
+        self.ckpt = Checkpointer(out / "checkpoints", keep=cfg.keep_checkpoints)
+        self.models = Checkpointer(out / "models", keep=1)
+        key = jax.random.PRNGKey(cfg.seed)
+        key, k_agent, k_rm, k_env = jax.random.split(key, 4)
+        self.agent_state = self.agent.init(k_agent)
+        self.rm_state = jax.jit(self.rm.init)(k_rm)
+        self.env_state, self.obs = self.env.reset(k_env)
+        self.key = key
+        self.rng = np.random.default_rng(cfg.seed)
+        capacity = max(1, (cfg.labels + self.autolabel_count) if cfg.learns_rewards else 1)
+        self.buffer = self.rm.empty_buffer(capacity, cfg.segment_length)
+        self.replay = PrioritizedReplay(cfg.replay, self.spec.obs_shape, self.fmt.stack, self.fmt.obs_dtype,
+                                        self.demos, lanes=self.env.num_envs)
+        self.actor_steps = self.learn_steps_done = self.asked = self.answered = self.autolabels_added = 0
+        self.iteration_actor_steps = 0  # actor steps of the iterations (learning happens every 4 of them)
+        self.episode_sums = np.zeros(self.env.num_envs)
+        self.since = np.zeros(self.env.num_envs, np.int64)
+        self.wall_before, self.t_start = 0.0, time.perf_counter()
+        stage = 0
+        if self.resume:
+            state, meta = self.ckpt.restore(self._saveable())
+            self.agent_state, self.rm_state, self.buffer, self.key = state["agent"], state["rm"], state["buffer"], \
+                state["key"]
+            if cfg.checkpoint_replay:
+                self.replay.load_state_dict(state["replay"])
+            if self.can_save_env:
+                self.env_state, self.obs = state["env_state"], state["obs"]
+            else:
+                self.replay.mark_discontinuity()
+            stage = int(meta["stage"])
+            self.actor_steps, self.learn_steps_done = int(meta["actor_steps"]), int(meta["learn_steps"])
+            self.iteration_actor_steps = int(meta["iteration_actor_steps"])
+            self.asked, self.answered, self.autolabels_added = int(meta["queries"]), int(meta["labels"]), \
+                int(meta["autolabels"])
+            self.episode_sums = np.asarray(meta["episode_sums"])
+            self.rng.bit_generator.state = meta["rng"]
+            self.since = np.asarray(meta["since"], np.int64)
+            self.wall_before = float(meta["wall_s"])
+            rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["stage"] <= stage] \
+                if (out / "metrics.jsonl").exists() else []
+            with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            self.log(f"resuming {out} after stage {stage} ({self.answered} labels, {self.actor_steps} actor steps)")
+        else:
+            if self.ckpt.latest_step() is not None:
+                raise ValueError(f"{out} already holds a run with checkpoints: continue it with --resume {out}, "
+                                 "or choose another --out.")
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+        if cfg.frozen_reward is not None:
+            self.rm_state = self._load_frozen()
+        writer = MetricsWriter(out / "metrics.jsonl", append=True)
+        tb = TensorBoardWriter(out / "tensorboard")
+
+        def record(stage_done: int, row: dict):
+            row = dict(stage=stage_done, env_steps=self.actor_steps, labels=self.answered, queries=self.asked,
+                       autolabels=self.autolabels_added, **row)
+            row["wall_s"] = self.wall_before + time.perf_counter() - self.t_start
+            writer.write(row)
+            tb.scalars(self.actor_steps, row)
+            self._save(stage_done)
+
+        demos = self.demos is not None
+        # 2: pretrain on the demonstrations (J_E and the Q loss with the untrained r̂)
+        if stage < BC:
+            m = {}
+            if demos and cfg.bc_batches:
+                self.log(f"pretraining on {self.demos.num_steps} demonstration steps ({cfg.bc_batches} batches)")
+                m = self._learn_steps(cfg.bc_batches, demo_only=True, desc="pretraining on demos")
+            record(BC, dict(phase="bc", **_prefixed(m)))
+        # 3-6: initial trajectories, their labels, autolabels
+        if stage < INITIAL:
+            row = {}
+            if cfg.learns_rewards:
+                self.log(f"initial trajectories: {self.initial_steps} actor steps; {self.initial} labels")
+                since = self.replay.steps.copy()
+                scores = self._act(self.initial_steps, learn=False, history=[])
+                self.key, k_l, k_auto = jax.random.split(self.key, 3)
+                got, pairs = self._label_recent(since, self.initial, k_l)
+                if self.autolabel_count and pairs is not None:
+                    self._add_autolabels(pairs, k_auto)
+                row = dict(initial_labels=got, episode_return=float(np.mean(scores)) if scores else None)
+            record(INITIAL, dict(phase="initial", **row))
+        # 7: the reward model on the initial labels
+        if stage < RM_PRETRAIN:
+            self.key, k = jax.random.split(self.key)
+            if cfg.learns_rewards:
+                self.log(f"training the reward model: {cfg.rm_pretrain_batches} batches on {self.answered} labels"
+                         + (f" and {self.autolabels_added} autolabels" if self.autolabels_added else ""))
+            record(RM_PRETRAIN, dict(phase="reward_model", **self._fit_rm(cfg.rm_pretrain_batches, k)))
+        # 8: pretrain on the demonstrations again, now with r̂
+        if stage < SECOND_PRETRAIN:
+            m = {}
+            if demos and cfg.second_pretrain_batches:
+                m = self._learn_steps(cfg.second_pretrain_batches, demo_only=True, desc="pretraining with r̂")
+            record(SECOND_PRETRAIN, dict(phase="second_pretraining", **_prefixed(m)))
+        # 9-14: the iterations
+        first_it = max(1, stage - SECOND_PRETRAIN + 1)
+        bar = self._bar(self.total_steps, f"{self.spec.name} DQfD {cfg.setup}",
+                        initial=(first_it - 1) * cfg.iteration_steps)
+        for it in range(first_it, self.num_iters + 1):
+            since = self.replay.steps.copy()
+            self.since = since
+            history: list = []
+            t0 = time.perf_counter()
+            scores = self._act(cfg.iteration_steps, learn=True, history=history,
+                               on_step=(lambda k: bar.update(k)) if bar is not None else None)
+            t1 = time.perf_counter()
+            row = dict(phase="iteration", iteration=it, episodes=len(scores),
+                       episode_return=float(np.mean(scores)) if scores else None,
+                       epsilon=float(self.agent.epsilon(self.actor_steps)), **_prefixed(_mean_metrics(history)))
+            row.update(self._model_vs_true(since))
+            self.key, k_l, k_fit = jax.random.split(self.key, 3)
+            if cfg.learns_rewards:
+                due = int(self.schedule.due(it * cfg.iteration_steps))
+                self._label_recent(since, due - self.asked, k_l)
+                row["labels_due"] = due
+            t2 = time.perf_counter()
+            row.update(self._fit_rm(cfg.rm_batches_per_iteration, k_fit))
+            t3 = time.perf_counter()
+            row.update(time_act_learn_s=t1 - t0, time_labels_s=t2 - t1, time_rm_s=t3 - t2,
+                       steps_per_s=cfg.iteration_steps / max(t1 - t0, 1e-9))
+            record(SECOND_PRETRAIN + it, row)
+            if bar is not None and row.get("episode_return") is not None:
+                bar.set_postfix(score=f"{row['episode_return']:.1f}", labels=self.answered)
+        if bar is not None:
+            bar.close()
+        writer.close()
+        tb.close()
+        return self._summary(read_jsonl(out / "metrics.jsonl"))
+
+    def _summary(self, rows: list[dict]) -> dict[str, Any]:
+        cfg, out = self.cfg, Path(self.cfg.out)
+        its = [r for r in rows if r.get("phase") == "iteration"]
+        scores = [r["episode_return"] for r in its if r.get("episode_return") is not None]
+        last = its[-1] if its else {}
+        summary = dict(
+            env=self.spec.name, agent="dqfd", setup=cfg.setup, seed=cfg.seed, frozen_reward=cfg.frozen_reward,
+            demo_steps=None if self.demos is None else self.demos.num_steps, env_steps=self.actor_steps,
+            labels=self.answered, autolabels=self.autolabels_added, queries=self.asked,
+            final_episode_return=scores[-1] if scores else None, best_episode_return=max(scores) if scores else None,
+            final_reward_correlation=last.get("reward_correlation"), final_val_accuracy=last.get("val_accuracy"),
+            final_rm_loss=last.get("rm_train_loss"), final_label_entropy_bound=last.get("label_entropy_bound"),
+            wall_s=rows[-1]["wall_s"] if rows else None,
+        )
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        title = f"{self.spec.name} — DQfD, {cfg.setup}" + (f", {self.answered} labels" if cfg.learns_rewards else "") \
+            + (", frozen reward model" if cfg.frozen_reward else "") + f", seed {cfg.seed}"
+        plot_ibarz_run(rows, out / "learning_curve.png", title=title)
+        return summary
+
+
+def load_models(run_dir: str | Path, agent: DQfD, rm: RewardEnsemble, agent_params_template, rm_template):
+    """The newest Q-network parameters and reward model of a run: (params, rm_state, meta)."""
+    from rlhp_jax.checkpoint import Checkpointer
+
+    ck = Checkpointer(Path(run_dir) / "models", keep=None)
+    if ck.latest_step() is None:
+        raise ValueError(f"{run_dir}: no saved models (models/ is missing or empty): is it an Ibarz run directory?")
+    state, meta = ck.restore(dict(agent=agent_params_template, rm=rm_template))
+    return state["agent"], state["rm"], meta
+
+
+def _prefixed(m: dict) -> dict:
+    names = dict(loss="agent_loss", td_loss="td_loss", n_step_loss="n_step_loss", margin_loss="margin_loss",
+                 q_mean="q_mean", demo_fraction="demo_fraction", demo_action_accuracy="demo_action_accuracy",
+                 reward_mean="batch_reward_mean")
+    return {names[k]: v for k, v in m.items() if k in names}
+
+
+def _mean_metrics(history: list) -> dict:
+    if not history:
+        return {}
+    stacked = jax.device_get(history)
+    return {k: float(np.mean([h[k] for h in stacked])) for k in stacked[0]}
+
+
+def _finite(x) -> float | None:
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def _nanmean(x) -> float | None:
+    a = np.asarray(x, np.float64)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else None
+
+
+__all__ = ["IbarzConfig", "IbarzRun", "SETUPS", "config_from_json", "config_to_json", "DemoError"]
