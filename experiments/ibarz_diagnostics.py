@@ -105,14 +105,14 @@ def loss_plot(run_dir: str) -> dict:
     from rlhp_jax.metrics import read_jsonl
 
     run, cfg = _load_run(run_dir)
-    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("rm_train_loss") is not None]
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("rm_loss") is not None]
     if not rows:
         raise ValueError(f"{run}: no reward-model training recorded yet")
     x = [r["env_steps"] for r in rows]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.3))
-    ax.plot(x, [r["rm_train_loss"] for r in rows], "-o", markersize=3, label="cross-entropy loss (training batches)")
-    ax.plot(x, [r.get("rm_val_loss") for r in rows], "-o", markersize=3, label="cross-entropy loss (held out)")
+    ax.plot(x, [r["rm_loss"] for r in rows], "-o", markersize=3, label="cross-entropy loss (every label)")
+    ax.plot(x, [r.get("rm_val_loss") for r in rows], "-o", markersize=3, label="cross-entropy loss (held-out labels)")
     ax.plot(x, [r["label_entropy_bound"] for r in rows], "k:", label="label-entropy lower bound")
     ax.set_xlabel("actor steps")
     ax.set_ylabel("loss (nats per label)")
@@ -123,9 +123,9 @@ def loss_plot(run_dir: str) -> dict:
     fig.savefig(run / "reward_model_loss.png", dpi=110)
     plt.close(fig)
     last = rows[-1]
-    result = dict(run=str(run), final_loss=last["rm_train_loss"], final_val_loss=last.get("rm_val_loss"),
+    result = dict(run=str(run), final_loss=last["rm_loss"], final_val_loss=last.get("rm_val_loss"),
                   final_bound=last["label_entropy_bound"],
-                  final_ratio=last["rm_train_loss"] / max(last["label_entropy_bound"], 1e-9))
+                  final_ratio=last["rm_loss"] / max(last["label_entropy_bound"], 1e-9))
     (run / "reward_model_loss.json").write_text(json.dumps(result))
     return result
 

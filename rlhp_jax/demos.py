@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import time
@@ -303,7 +302,7 @@ def read_demos(path: str | os.PathLike) -> Demos:
     n = demos.num_steps
     if n == 0 or demos.num_episodes == 0:
         raise DemoError(f"{path} holds no demonstration steps: record some first "
-                        "(python -m rlhp_jax.demos record ... or play in the browser)")
+                        "(python -m rlhp_jax.demos record --run RUN ..., or play: python -m rlhp_jax.human play)")
     stack = int(meta["stack"])
     problems = []
     if int(demos.episode_lengths.sum()) != n or (demos.episode_lengths < 1).any():

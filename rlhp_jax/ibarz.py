@@ -45,7 +45,7 @@ from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demo
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, plot_ibarz_run, read_jsonl, segment_return_correlation
-from rlhp_jax.preferences import check_labels, label_entropy_bound
+from rlhp_jax.preferences import bradley_terry_loss, check_labels, label_entropy_bound, segment_returns
 from rlhp_jax.replay import PrioritizedReplay, ReplayConfig
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.schedules import label_schedule
@@ -248,7 +248,14 @@ class IbarzRun:
         self._evaluate_rm = jax.jit(rm.evaluate)
         self._label = jax.jit(cfg.teacher.label_pairs)
         self._add = jax.jit(labels_lib.add_labels)
-        self._bound = jax.jit(lambda buf: label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled))
+        def loss_and_bound(rm_state, buf):
+            """The model's loss on every label in the buffer (inference mode) and the lowest loss
+            any model could reach on the same labels (Ibarz C, Fig. 7)."""
+            ret = segment_returns(rm.buffer_member_rewards(rm_state, buf)[0])  # [C, 2]
+            loss = bradley_terry_loss(ret[:, :1], ret[:, 1:], buf.mu, rm.config.error_rate, buf.filled)
+            return loss, label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled)
+
+        self._loss_and_bound = jax.jit(loss_and_bound)
 
     # ------------------------------------------------------------------ pieces of the protocol
     def _learn_steps(self, num: int, demo_only: bool, desc: str):
@@ -370,10 +377,10 @@ class IbarzRun:
             return {}
         self.rm_state, m = self._fit(self.rm_state, self.buffer, key, num)
         ev = self._evaluate_rm(self.rm_state, self.buffer)
+        loss, bound = self._loss_and_bound(self.rm_state, self.buffer)
         return dict(rm_train_loss=float(jnp.nanmean(m["train_loss"])), rm_val_loss=_nanmean(ev["val_loss"]),
                     val_accuracy=_nanmean(ev["val_accuracy"]), train_accuracy=_nanmean(ev["train_accuracy"]),
-                    rm_l2=float(jnp.mean(self.rm_state.l2)),
-                    label_entropy_bound=float(self._bound(self.buffer)))
+                    rm_l2=float(jnp.mean(self.rm_state.l2)), rm_loss=float(loss), label_entropy_bound=float(bound))
 
     def _model_vs_true(self, since: np.ndarray) -> dict:
         """r̂ and the oracle's reward per 1,000 actor steps over steps sampled from the latest
@@ -589,7 +596,7 @@ class IbarzRun:
             labels=self.answered, autolabels=self.autolabels_added, queries=self.asked,
             final_episode_return=scores[-1] if scores else None, best_episode_return=max(scores) if scores else None,
             final_reward_correlation=last.get("reward_correlation"), final_val_accuracy=last.get("val_accuracy"),
-            final_rm_loss=last.get("rm_train_loss"), final_label_entropy_bound=last.get("label_entropy_bound"),
+            final_rm_loss=last.get("rm_loss"), final_label_entropy_bound=last.get("label_entropy_bound"),
             wall_s=rows[-1]["wall_s"] if rows else None,
         )
         (out / "summary.json").write_text(json.dumps(summary, indent=2))

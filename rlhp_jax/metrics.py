@@ -192,7 +192,7 @@ def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -
     ax.set_title("true vs model reward on the agent's steps")
 
     ax = axes[2]
-    for key, label, style in [("rm_train_loss", "reward-model loss (train)", "-"),
+    for key, label, style in [("rm_loss", "reward-model loss (all labels)", "-"),
                               ("rm_val_loss", "reward-model loss (held out)", "-"),
                               ("label_entropy_bound", "label-entropy lower bound", "k:")]:
         x, y = series(key, rows)

@@ -7,6 +7,7 @@
   import  --run DIR --file F   JSONL into a store (idempotent)
   stats   --run DIR | --file F answers per labeler, response times, agreement between labelers and with the oracle
   fit     --file F             train a reward ensemble offline on a labeled set; held-out accuracy
+  play    --env GAME --out F   record demonstrations by playing the game in the browser (arrows, Space)
 """
 
 from __future__ import annotations
@@ -175,12 +176,21 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--labeler", default=None, help="only this labeler's answers")
+    p = sub.add_parser("play", help="record demonstrations by playing a game in the browser")
+    p.add_argument("--env", required=True, help="an Atari game (Pong, Breakout, ...) or a MinAtar game")
+    p.add_argument("--out", required=True, help="the demo file to write (.npz)")
+    p.add_argument("--episodes", type=int, default=None, help="stop (and save) after this many episodes")
+    p.add_argument("--full-action-space", action="store_true", help="all 18 Atari actions (Ibarz et al. 2018)")
+    p.add_argument("--fps", type=float, default=None, help="agent steps per second (default: the game's speed)")
+    p.add_argument("--seed", type=int, default=None, help="the game's seed (default: a fresh one)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    add_server_flags(p)
     args = parser.parse_args(argv)
 
     from rlhp_jax.human import exchange
 
     try:
-        if args.cmd in ("serve", "label"):
+        if args.cmd in ("serve", "label", "play"):
             from rlhp_jax.human.server import check_binding
 
             check_binding(args.host, args.token)  # before anything is created
@@ -213,6 +223,10 @@ def main(argv=None) -> int:
             print(json.dumps(exchange.agreement_stats(lines), indent=2))
         elif args.cmd == "fit":
             print(json.dumps(fit_offline(args.file, args.members, args.steps, args.seed, args.labeler), indent=2))
+        elif args.cmd == "play":
+            from rlhp_jax.human.play import serve_play
+
+            return serve_play(args)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

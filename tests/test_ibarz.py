@@ -1,0 +1,172 @@
+"""Ibarz et al. 2018's protocol end to end on CPU (Breakout-MinAtar, a tiny budget): the stages of
+Algorithm 1, autolabels, checkpoints, a SIGKILL and --resume that continues the same run, the
+diagnostics plots, demo recording from the trained run, and the errors a user can cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import classic
+from experiments import ibarz_diagnostics as diag
+from rlhp_jax import demos as D
+from rlhp_jax.envs import make_env
+from rlhp_jax.metrics import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--env", "Breakout-MinAtar", "--agent", "dqfd", "--steps", "3000", "--iteration-steps", "1000",
+        "--labels", "40", "--bc-batches", "100", "--rm-pretrain-batches", "100", "--second-pretrain-batches", "50",
+        "--rm-batches", "50", "--replay-capacity", "5000", "--no-progress"]
+
+
+def tracker(obs, key):
+    obs = np.asarray(obs)
+    paddle = obs[:, 9, :, 0].argmax(-1)
+    ball = obs[:, :, :, 1].sum(1).argmax(-1)
+    return np.where(ball < paddle, 1, np.where(ball > paddle, 2, 0)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def demo_file(tmp_path_factory):
+    env = make_env("Breakout-MinAtar", 1)
+    rec = D.record_policy(env, tracker, jax.random.PRNGKey(0), episodes=2, max_steps=1200, source="tracker")
+    return str(rec.save(tmp_path_factory.mktemp("demos") / "breakout.npz"))
+
+
+@pytest.fixture(scope="module")
+def full_run(demo_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ibarz") / "run"
+    code = classic.main(TINY + ["--demos", demo_file, "--setup", "demos+prefs+autolabels", "--out", str(out)])
+    assert code == 0
+    return out
+
+
+def test_protocol_stages_labels_and_outputs(full_run):
+    rows = read_jsonl(full_run / "metrics.jsonl")
+    assert [r["phase"] for r in rows] == ["bc", "initial", "reward_model", "second_pretraining",
+                                          "iteration", "iteration", "iteration"]
+    assert [r["stage"] for r in rows] == list(range(1, 8))
+    init = rows[1]["initial_labels"]
+    assert init == 3  # round(500 · 40 / 6800): the schedule scaled like the paper's reduced ones
+    assert rows[1]["autolabels"] == 2 * init  # every clip of every initial pair against a demo clip
+    assert rows[-1]["labels"] == 40 and rows[-1]["queries"] == 40  # the whole budget, by the schedule
+    assert rows[0]["demo_action_accuracy"] is not None and rows[0]["margin_loss"] > 0
+    its = rows[4:]
+    assert [r["env_steps"] for r in its] == [ rows[1]["env_steps"] + 1000 * i for i in (1, 2, 3)]
+    for r in its:
+        assert r["demo_fraction"] > 0  # demos stay in every batch's draw
+        assert r["label_entropy_bound"] <= r["rm_loss"] + 1e-6  # no model beats the bound on the same labels
+        assert r["model_reward_per_1000"] is not None and r["true_reward_per_1000"] is not None
+    summary = json.loads((full_run / "summary.json").read_text())
+    assert summary["labels"] == 40 and summary["autolabels"] == 6 and summary["setup"] == "demos+prefs+autolabels"
+    for f in ("learning_curve.png", "metrics.csv", "config.json"):
+        assert (full_run / f).is_file()
+    assert list((full_run / "tensorboard").iterdir())
+    assert (full_run / "checkpoints" / "7").is_dir() and (full_run / "models" / "7").is_dir()
+
+
+def _comparable(rows):
+    keys = ("stage", "env_steps", "labels", "queries", "autolabels", "episode_return", "rm_loss", "td_loss",
+            "margin_loss", "model_reward_per_1000", "true_reward_per_1000")
+    return [{k: r.get(k) for k in keys} for r in rows]
+
+
+def test_sigkill_then_resume_continues_the_same_run(full_run, demo_file, tmp_path):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "experiments.classic", *TINY, "--demos", demo_file,
+           "--setup", "demos+prefs+autolabels", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    commit = out / "checkpoints" / "5" / "rlhp_commit.json"  # the first iteration is saved
+    deadline = time.monotonic() + 240
+    while not commit.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert commit.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "timed out"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists()  # killed mid-run
+    labels_before = json.loads((out / "checkpoints" / "5" / "rlhp_commit.json").read_text())
+    assert labels_before  # a committed checkpoint survived the kill
+    assert classic.main(["--resume", str(out), "--no-progress"]) == 0
+    got = read_jsonl(out / "metrics.jsonl")
+    want = read_jsonl(full_run / "metrics.jsonl")
+    assert [r["stage"] for r in got] == list(range(1, 8))  # nothing repeated, nothing missing
+    a, b = _comparable(got), _comparable(want)
+    for ra, rb in zip(a, b):
+        for k in ra:
+            if isinstance(rb[k], float):
+                assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), (ra["stage"], k)
+            else:
+                assert ra[k] == rb[k], (ra["stage"], k)
+
+
+def test_diagnostics_alignment_loss_and_frozen(full_run, tmp_path):
+    res = diag.alignment(str(full_run), steps=1100, epsilon=0.01)
+    data = json.loads((full_run / "alignment.json").read_text())
+    assert data["windows_25"]["count"] >= 40 and data["windows_1000"]["count"] == 1
+    assert res["correlation_25"] is not None and (full_run / "alignment.png").stat().st_size > 10_000
+    res = diag.loss_plot(str(full_run))
+    assert res["final_ratio"] >= 1.0 and (full_run / "reward_model_loss.png").is_file()
+    res = diag.frozen(str(full_run), str(tmp_path / "frozen"), steps=1000, progress=False)
+    rows = read_jsonl(tmp_path / "frozen" / "metrics.jsonl")
+    assert rows[-1]["labels"] == 0 and rows[-1].get("rm_train_loss") is None  # fixed: never relabeled or trained
+    assert (tmp_path / "frozen" / "reward_hacking.png").is_file()
+    hack = json.loads((tmp_path / "frozen" / "reward_hacking.json").read_text())
+    assert len(hack["model_reward_per_1000"]) == 1 and hack["model_reward_per_1000"][0] is not None
+
+
+def test_label_noise_runs_one_protocol_per_rate(demo_file, tmp_path):
+    flags = TINY.copy()
+    flags[flags.index("--steps") + 1] = "1000"
+    res = diag.label_noise([0.0, 0.25], str(tmp_path), flags + ["--demos", demo_file], progress=False)
+    assert set(res) == {"0.0", "0.25"}
+    for rate in ("0", "0.25"):
+        cfg = json.loads((tmp_path / f"mistakes-{rate}" / "config.json").read_text())
+        assert cfg["teacher"]["mistake_rate"] == float(rate)
+    assert (tmp_path / "label_noise.png").is_file()
+
+
+def test_recording_demos_from_the_trained_run(full_run, tmp_path):
+    out = tmp_path / "from_run.npz"
+    assert D.main(["record", "--run", str(full_run), "--episodes", "50", "--max-steps", "150", "--out", str(out)]) == 0
+    d = D.load_demos(out, make_env("Breakout-MinAtar", 1))
+    # the barely trained agent loses balls quickly: several game overs, each ending an episode
+    assert d.num_steps == 150 and 1 <= d.num_episodes < 50 and d.meta["source"].startswith("policy:")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--setup", "demos+prefs"], "give --demos PATH"),
+    (["--setup", "no_demos", "--demos", "DEMO"], "drop --demos"),
+    (["--setup", "demos+prefs", "--demos", "ASTERIX"], "demonstrations of Asterix-MinAtar"),
+    (["--setup", "demos+prefs", "--demos", "MISSING"], "does not exist"),
+    (["--setup", "demos+prefs", "--demos", "DEMO", "--ablation", "random_queries"], "choose a --setup"),
+    (["--setup", "imitation", "--demos", "DEMO", "--frozen-reward", "RUN"], "uses none"),
+])
+def test_bad_input_is_refused_clearly(extra, message, demo_file, tmp_path, capsys):
+    if "ASTERIX" in extra:
+        env = make_env("Asterix-MinAtar", 1)
+        rec = D.record_policy(env, lambda o, k: np.zeros(1, np.int32), jax.random.PRNGKey(0), episodes=1,
+                              max_steps=30, source="noop")
+        extra = [str(rec.save(tmp_path / "asterix.npz")) if x == "ASTERIX" else x for x in extra]
+    extra = [demo_file if x == "DEMO" else str(tmp_path / "missing.npz") if x == "MISSING"
+             else str(tmp_path) if x == "RUN" else x for x in extra]
+    out = tmp_path / "out"
+    assert classic.main(TINY + extra + ["--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / "checkpoints").exists()
+
+
+def test_ibarz_flags_need_dqfd_and_continuous_tasks_are_refused(demo_file, tmp_path, capsys):
+    assert classic.main(["--env", "CartPole-v1", "--demos", demo_file, "--out", str(tmp_path / "a")]) == 2
+    assert "add --agent dqfd" in capsys.readouterr().err
+    assert classic.main(["--env", "Pendulum-v1", "--agent", "dqfd", "--setup", "no_demos",
+                         "--out", str(tmp_path / "b"), "--no-progress"]) == 2
+    assert "discrete actions" in capsys.readouterr().err
