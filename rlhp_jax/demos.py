@@ -88,13 +88,14 @@ def frame_format(env) -> FrameFormat:
                        num_actions=int(spec.num_actions), mask_sha1=digest)
 
 
-def stack_frames(frames: np.ndarray, newest: np.ndarray, stack: int) -> np.ndarray:
-    """Observations from a frame store: ``newest`` [B] indices -> [B, *frame_shape(, stack)]."""
+def stack_frames(frames: np.ndarray, newest: np.ndarray, stack: int, stack_last: bool = True) -> np.ndarray:
+    """Observations from a frame store: ``newest`` [B] indices -> [B, *frame_shape, stack]
+    (``stack_last=False``: [B, stack, *frame_shape], which skips a slow host-side transpose)."""
     newest = np.asarray(newest, np.int64)
     if stack == 1:
         return frames[newest]
     idx = newest[:, None] + np.arange(1 - stack, 1)[None, :]  # [B, stack], oldest first
-    return np.moveaxis(frames[idx], 1, -1)
+    return np.moveaxis(frames[idx], 1, -1) if stack_last else frames[idx]
 
 
 # ---------------------------------------------------------------------------- the demo set
@@ -132,9 +133,9 @@ class Demos:
         end[np.cumsum(self.episode_lengths) - 1] = True
         return end
 
-    def obs(self, steps) -> np.ndarray:
-        """Observations of the given step indices: [B, *obs_shape]."""
-        return stack_frames(self.frames, self.obs_frame[np.asarray(steps, np.int64)], self.stack)
+    def obs(self, steps, stack_last: bool = True) -> np.ndarray:
+        """Observations of the given step indices: [B, *obs_shape] (see ``stack_frames``)."""
+        return stack_frames(self.frames, self.obs_frame[np.asarray(steps, np.int64)], self.stack, stack_last)
 
     def episode_returns(self) -> np.ndarray | None:
         if self.rewards is None:

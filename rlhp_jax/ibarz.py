@@ -235,7 +235,11 @@ class IbarzRun:
             flat_a = action.reshape(b * k, *action.shape[2:])
             return rm.predict_reward(rm_state, flat_o, flat_a).reshape(b, k)
 
+        stack_first = self.fmt.stack > 1  # the replay hands over [B, n+1, stack, H, W] (see replay.transitions)
+
         def learn(agent_state, rm_state, batch, margin_on):
+            if stack_first:
+                batch = dict(batch, obs=jnp.moveaxis(batch["obs"], 2, -1))
             rewards = rewards_of(rm_state, batch["obs"][:, :n], batch["action"][:, :n])
             agent_state, metrics, td_abs = agent.update(agent_state, batch, rewards, margin_on)
             metrics["reward_mean"] = jnp.mean(rewards)
@@ -271,7 +275,7 @@ class IbarzRun:
         return _mean_metrics(history)
 
     def _one_learning_step(self, demo_only: bool, history: list):
-        batch = self.replay.sample(self.rng, self.agent.config.batch_size, demo_only=demo_only)
+        batch = self.replay.sample(self.rng, self.agent.config.batch_size, demo_only=demo_only, stack_last=False)
         idx = batch.pop("index")
         batch.pop("true_reward")
         self.agent_state, metrics, td_abs = self._learn(self.agent_state, self.rm_state, batch,

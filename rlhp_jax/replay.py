@@ -231,22 +231,27 @@ class PrioritizedReplay:
         step = last - ((last - pos) % self.lane_cap)
         return is_demo, lane, step
 
-    def _agent_obs(self, lane, step):
+    def _agent_obs(self, lane, step, stack_last: bool = True):
         pos = step % self.lane_cap
         newest = self.newest[lane, pos]
         if self.stack == 1:
             return self.frames[lane, newest % self.frame_cap]
         ring = (newest[..., None] + np.arange(1 - self.stack, 1)) % self.frame_cap
-        return np.moveaxis(self.frames[np.asarray(lane)[..., None], ring], -len(self.frame_shape) - 1, -1)
+        stacked = self.frames[np.asarray(lane)[..., None], ring]  # [..., stack, *frame]
+        return np.moveaxis(stacked, -len(self.frame_shape) - 1, -1) if stack_last else stacked
 
-    def transitions(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+    def transitions(self, idx: np.ndarray, stack_last: bool = True) -> dict[str, np.ndarray]:
         """The learner's view of slots ``idx``: obs [B, n+1, ...], action [B, n+1] (the action at
-        each offset), cont [B, n] float32, is_demo [B] bool, true_reward [B, n] (metrics only)."""
+        each offset), cont [B, n] float32, is_demo [B] bool, true_reward [B, n] (metrics only).
+
+        ``stack_last=False`` returns stacked observations as [B, n+1, stack, *frame] (the learner
+        moves the axis on the device: the host-side transpose costs 20× the gather)."""
         n = self.cfg.n_step
         idx = np.asarray(idx, np.int64)
         b = idx.shape[0]
         is_demo, lane, step = self._decode(idx)
-        obs = np.zeros((b, n + 1, *self.obs_shape), self.dtype)
+        shape = self.obs_shape if (stack_last or self.stack == 1) else (self.stack, *self.frame_shape)
+        obs = np.zeros((b, n + 1, *shape), self.dtype)
         action = np.zeros((b, n + 1), np.int32)
         cont = np.ones((b, n), np.float32)
         true = np.zeros((b, n), np.float32)
@@ -255,7 +260,7 @@ class PrioritizedReplay:
             alive = np.ones(d.size, bool)
             cur = idx[d].copy()
             for k in range(n + 1):
-                obs[d, k] = self.demos.obs(cur)
+                obs[d, k] = self.demos.obs(cur, stack_last)
                 action[d, k] = self.demos.actions[cur]
                 if k < n:
                     true[d, k] = np.where(alive, self.demo_true[cur], 0.0)
@@ -267,14 +272,14 @@ class PrioritizedReplay:
         if a.size:
             for k in range(n + 1):
                 st = step[a] + k
-                obs[a, k] = self._agent_obs(lane[a], st)
+                obs[a, k] = self._agent_obs(lane[a], st, stack_last)
                 action[a, k] = self.action[lane[a], st % self.lane_cap]
                 if k < n:
                     true[a, k] = self.true_reward[lane[a], st % self.lane_cap]
         return dict(obs=obs, action=action, cont=cont, is_demo=is_demo, true_reward=true)
 
     def sample(self, rng: np.random.Generator, batch_size: int, beta: float | None = None,
-               demo_only: bool = False) -> dict[str, np.ndarray]:
+               demo_only: bool = False, stack_last: bool = True) -> dict[str, np.ndarray]:
         """A prioritized batch (stratified over the priority mass): ``transitions`` plus
         ``index`` [B] and ``weight`` [B] (importance sampling)."""
         beta = self.cfg.beta if beta is None else beta
@@ -301,7 +306,7 @@ class PrioritizedReplay:
             idx[bad] = live[rng.integers(0, live.size, bad.sum())]
             p = self.tree.leaves(idx)
         size = self.num_demo if demo_only else len(self)  # N of (N·P)^-β: the transitions held
-        batch = self.transitions(idx)
+        batch = self.transitions(idx, stack_last)
         batch.update(index=idx, weight=importance_weights(p / total, max(size, 1), beta))
         return batch
 
@@ -312,7 +317,8 @@ class PrioritizedReplay:
         is_demo = idx < self.num_demo
         pr = priorities_from_td(td_abs, is_demo, self.cfg.eps, self.cfg.eps_demo)
         live = self.tree.leaves(idx) > 0
-        self.max_priority = max(self.max_priority, float(pr.max()))
+        if live.any():  # a slot overwritten since it was drawn must not raise new steps' priority
+            self.max_priority = max(self.max_priority, float(pr[live].max()))
         self.tree.set(idx[live], self._scaled(pr[live]))
 
     # ------------------------------------------------------------------ clips for labels
