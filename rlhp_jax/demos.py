@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import time
 import zipfile
 from pathlib import Path
@@ -260,14 +261,15 @@ class DemoRecorder:
         return save_arrays(path, arrays)
 
 
-def save_arrays(path: str | os.PathLike, arrays: dict[str, Any]) -> Path:
+def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: bool = True) -> Path:
+    """Write an ``.npz`` atomically and durably: a temporary file, fsync, rename."""
     path = Path(path)
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     with open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays)
+        (np.savez_compressed if compressed else np.savez)(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -435,8 +437,8 @@ def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
                             cfg.reward_model)
         params, _, _ = ibarz.load_models(run, agent, rm, agent.init(jax.random.PRNGKey(0)).params,
                                          rm.init(jax.random.PRNGKey(0)))
-        act = jax.jit(lambda o, k: agent.act(params, o, k, epsilon))
-        return lambda obs, key: act(jnp.asarray(obs), key)
+        act_jit = jax.jit(lambda o, k: agent.act(params, o, k, epsilon))
+        return lambda obs, key: act_jit(jnp.asarray(obs), key)
     from rlhp_jax.driver import PreferenceRun, config_from_json
 
     cfg = dataclasses.replace(config_from_json(saved), out=str(run))

@@ -37,8 +37,8 @@ from rlhp_jax import queries
 from rlhp_jax.agents.common import evaluate, random_reward_stats
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
-from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, plot_learning_curve, read_jsonl,
-                              segment_return_correlation)
+from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_learning_curve,
+                              read_jsonl, segment_return_correlation)
 from rlhp_jax.preferences import check_labels, preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
@@ -552,9 +552,9 @@ class PreferenceRun:
                 t3 = time.perf_counter()
                 if evaluate_now or it == start_iter:
                     ev = self._evaluate_ensemble(ens_state, buffer)
-                    row["val_accuracy"] = _nanmean(ev["val_accuracy"])
-                    row["rm_val_loss"] = _nanmean(ev["val_loss"])
-                row["reward_correlation"] = _finite(self._correlation(rollout, rewards, k_corr))
+                    row["val_accuracy"] = nanmean_or_none(ev["val_accuracy"])
+                    row["rm_val_loss"] = nanmean_or_none(ev["val_loss"])
+                row["reward_correlation"] = finite_or_none(self._correlation(rollout, rewards, k_corr))
                 row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2)
             ends = np.asarray(rollout.boundary)
             if spec.on_terminate == "reset":
@@ -630,13 +630,3 @@ class PreferenceRun:
                                   + (f", ablation {cfg.ablation}" if cfg.ablation else ""))
         return summary
 
-
-def _finite(x) -> float | None:
-    v = float(x)
-    return v if math.isfinite(v) else None
-
-
-def _nanmean(x) -> float | None:
-    a = np.asarray(x, np.float64)
-    a = a[np.isfinite(a)]
-    return float(a.mean()) if a.size else None

@@ -44,7 +44,8 @@ from rlhp_jax.agents.dqfd import DQfD, DQfDConfig
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
-from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, plot_ibarz_run, read_jsonl, segment_return_correlation
+from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_ibarz_run,
+                              read_jsonl, segment_return_correlation)
 from rlhp_jax.preferences import bradley_terry_loss, check_labels, label_entropy_bound, segment_returns
 from rlhp_jax.replay import PrioritizedReplay, ReplayConfig
 from rlhp_jax.reward_models import reward_model_spec_for
@@ -382,8 +383,8 @@ class IbarzRun:
         self.rm_state, m = self._fit(self.rm_state, self.buffer, key, num)
         ev = self._evaluate_rm(self.rm_state, self.buffer)
         loss, bound = self._loss_and_bound(self.rm_state, self.buffer)
-        return dict(rm_train_loss=float(jnp.nanmean(m["train_loss"])), rm_val_loss=_nanmean(ev["val_loss"]),
-                    val_accuracy=_nanmean(ev["val_accuracy"]), train_accuracy=_nanmean(ev["train_accuracy"]),
+        return dict(rm_train_loss=float(jnp.nanmean(m["train_loss"])), rm_val_loss=nanmean_or_none(ev["val_loss"]),
+                    val_accuracy=nanmean_or_none(ev["val_accuracy"]), train_accuracy=nanmean_or_none(ev["train_accuracy"]),
                     rm_l2=float(jnp.mean(self.rm_state.l2)), rm_loss=float(loss), label_entropy_bound=float(bound))
 
     def _model_vs_true(self, since: np.ndarray) -> dict:
@@ -410,7 +411,7 @@ class IbarzRun:
             rr = np.asarray(self._rewards(self.rm_state, jnp.asarray(o.reshape(-1, *o.shape[2:])),
                                           jnp.asarray(a.reshape(-1, *a.shape[2:])))).reshape(a.shape[:2])
             c = segment_return_correlation(jnp.asarray(rr.sum(1)), jnp.asarray(clips["true_reward"].sum(1)))
-            row["reward_correlation"] = _finite(c)
+            row["reward_correlation"] = finite_or_none(c)
         return row
 
     # ------------------------------------------------------------------ state
@@ -437,8 +438,6 @@ class IbarzRun:
 
     def _load_frozen(self):
         """The reward model of a finished run (Ibarz §3.2: "frozen reward models")."""
-        from rlhp_jax.checkpoint import Checkpointer
-
         src = Path(self.cfg.frozen_reward)
         if not (src / "config.json").is_file():
             raise ValueError(f"--frozen-reward {src}: no config.json there (is it a finished run's directory?)")
@@ -634,16 +633,6 @@ def _mean_metrics(history: list) -> dict:
     stacked = jax.device_get(history)
     return {k: float(np.mean([h[k] for h in stacked])) for k in stacked[0]}
 
-
-def _finite(x) -> float | None:
-    v = float(x)
-    return v if math.isfinite(v) else None
-
-
-def _nanmean(x) -> float | None:
-    a = np.asarray(x, np.float64)
-    a = a[np.isfinite(a)]
-    return float(a.mean()) if a.size else None
 
 
 __all__ = ["IbarzConfig", "IbarzRun", "SETUPS", "config_from_json", "config_to_json", "DemoError"]

@@ -11,6 +11,7 @@ from typing import Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def segment_return_correlation(predicted: jax.Array, true: jax.Array) -> jax.Array:
@@ -74,6 +75,19 @@ def write_csv(rows: Iterable[dict], path: str | os.PathLike) -> None:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         w.writerows(rows)
+
+
+def finite_or_none(x) -> float | None:
+    """A float for a metrics row: None for NaN/inf (JSON has no NaN)."""
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def nanmean_or_none(x) -> float | None:
+    """Mean of the finite entries, or None when there are none."""
+    a = np.asarray(x, np.float64)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else None
 
 
 def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = "") -> Path:

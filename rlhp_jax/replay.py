@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhp_jax.demos import Demos, stack_frames
+from rlhp_jax.demos import Demos
 
 
 def importance_weights(probs: np.ndarray, size: int, beta: float) -> np.ndarray:

@@ -9,17 +9,13 @@ import jax
 import numpy as np
 import pytest
 
+from probes import minatar_tracker as tracker
+
 from rlhp_jax import demos as D
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.envs import make_env
 
 
-def tracker(obs, key):
-    """Breakout-MinAtar demonstrator: move the paddle toward the ball's column."""
-    obs = np.asarray(obs)
-    paddle = obs[:, 9, :, 0].argmax(-1)
-    ball = obs[:, :, :, 1].sum(1).argmax(-1)
-    return np.where(ball < paddle, 1, np.where(ball > paddle, 2, 0)).astype(np.int32)
 
 
 @pytest.fixture(scope="module")

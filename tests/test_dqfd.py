@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from probes import minatar_tracker as tracker
 from conftest import fast_jit
 from hypothesis import given
 
@@ -256,12 +258,6 @@ def test_act_epsilon_greedy():
 
 
 # ---------------------------------------------------------------------------- behaviour cloning
-def tracker(obs, key=None):
-    """Breakout-MinAtar demonstrator: move the paddle (channel 0, row 9) under the ball (channel 1)."""
-    obs = np.asarray(obs)
-    paddle = obs[:, 9, :, 0].argmax(-1)
-    ball = obs[:, :, :, 1].sum(1).argmax(-1)
-    return np.where(ball < paddle, 1, np.where(ball > paddle, 2, 0)).astype(np.int32)
 
 
 def test_pretraining_on_demos_clones_the_demonstrator(tmp_path):

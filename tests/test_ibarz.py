@@ -5,7 +5,6 @@ diagnostics plots, demo recording from the trained run, and the errors a user ca
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+
+from probes import minatar_tracker as tracker
 
 from experiments import classic
 from experiments import ibarz_diagnostics as diag
@@ -28,11 +29,6 @@ TINY = ["--env", "Breakout-MinAtar", "--agent", "dqfd", "--steps", "3000", "--it
         "--rm-batches", "50", "--replay-capacity", "5000", "--no-progress"]
 
 
-def tracker(obs, key):
-    obs = np.asarray(obs)
-    paddle = obs[:, 9, :, 0].argmax(-1)
-    ball = obs[:, :, :, 1].sum(1).argmax(-1)
-    return np.where(ball < paddle, 1, np.where(ball > paddle, 2, 0)).astype(np.int32)
 
 
 @pytest.fixture(scope="module")

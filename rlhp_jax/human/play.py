@@ -521,12 +521,9 @@ def add_play_routes(app, session: PlaySession, title: str | None = None):
         # a bare FastAPI app: answer as create_app's app does (which installs this same handler)
         @api.exception_handler(RequestValidationError)
         async def invalid(request: Request, exc: RequestValidationError):
-            errors = exc.errors()
-            if any(e.get("type") == "json_invalid" for e in errors):
-                return JSONResponse({"error": "malformed JSON"}, 400)
-            detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
-                               for e in errors)
-            return JSONResponse({"error": f"invalid request: {detail}"}, 422)
+            from rlhp_jax.human.server import validation_error_response
+
+            return validation_error_response(exc)
 
     @api.exception_handler(PlayError)
     async def play_error(request: Request, exc: PlayError):

@@ -112,6 +112,18 @@ class _Guard:
         await self.app(scope, replay, send_with_cookie)
 
 
+def validation_error_response(exc):
+    """Malformed JSON -> 400; wrong fields or values -> 422 naming each (every page's API)."""
+    from fastapi.responses import JSONResponse
+
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return JSONResponse({"error": "malformed JSON"}, 400)
+    detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+                       for e in errors)
+    return JSONResponse({"error": f"invalid request: {detail}"}, 422)
+
+
 def _bearer(header: str) -> str | None:
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
@@ -141,12 +153,7 @@ def create_app(store: LabelStore, *, token: str | None = None, title: str = "Whi
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse({"error": "malformed JSON"}, 400)
-        detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
-                           for e in errors)
-        return JSONResponse({"error": f"invalid request: {detail}"}, 422)
+        return validation_error_response(exc)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError):

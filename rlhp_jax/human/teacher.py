@@ -28,18 +28,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rlhp_jax.demos import save_arrays
 from rlhp_jax.human.store import MU, LabelStore
 
 SEGMENT_KEYS = ("obs", "action", "true_reward", "render")
 
 
 def save_npz(path: Path, **arrays) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    save_arrays(path, arrays, compressed=False)
 
 
 def load_pair(store: LabelStore, query: dict) -> dict[str, np.ndarray]:
