@@ -166,3 +166,29 @@ def test_ibarz_flags_need_dqfd_and_continuous_tasks_are_refused(demo_file, tmp_p
     assert classic.main(["--env", "Pendulum-v1", "--agent", "dqfd", "--setup", "no_demos",
                          "--out", str(tmp_path / "b"), "--no-progress"]) == 2
     assert "discrete actions" in capsys.readouterr().err
+
+
+def test_atari_path_with_frames_stored_once(tmp_path):
+    """Pong through envpool (all 18 actions, 0-90 no-ops: Ibarz A.1): stacked frames leave the
+    replay stack-first and reach the Q-network and the reward CNN channel-last."""
+    from experiments import atari
+    from rlhp_jax.envpool_envs import EnvpoolVecEnv
+
+    env = EnvpoolVecEnv("Pong", 1, full_action_space=True, noop_max=90)
+    rec = D.record_policy(env, lambda o, k: np.asarray(jax.random.randint(k, (1,), 0, 18)), jax.random.PRNGKey(0),
+                          episodes=1, max_steps=120, source="random")
+    demo = rec.save(tmp_path / "pong.npz")
+    minimal = EnvpoolVecEnv("Pong", 1)  # the 6-action set: refused, with the reason
+    with pytest.raises(D.DemoError, match="18 actions and this environment has 6"):
+        D.load_demos(demo, minimal)
+    out = tmp_path / "run"
+    code = atari.main(["--agent", "dqfd", "--demos", str(demo), "--setup", "demos+prefs+autolabels", "--steps", "100",
+                       "--iteration-steps", "100", "--labels", "4", "--bc-batches", "3", "--rm-pretrain-batches", "3",
+                       "--second-pretrain-batches", "3", "--rm-batches", "3", "--replay-capacity", "1000",
+                       "--out", str(out), "--no-progress"])
+    assert code == 0
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert rows[-1]["phase"] == "iteration" and rows[-1]["labels"] == 4 and rows[-1]["autolabels"] == 2
+    assert rows[-1]["td_loss"] is not None and rows[-1]["model_reward_per_1000"] is not None
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["setup"] == "demos+prefs+autolabels" and cfg["reward_dropout"] == 0.2
