@@ -12,6 +12,9 @@
         a fresh agent trained on RUN_DIR's final reward model, held fixed: true and model return over
         training (reward hacking, Fig. 4)
 
+    python -m experiments.ibarz_diagnostics compare --runs RUN_DIR... --out setups.png
+        score per episode of several runs (e.g. the four setups, Fig. 1) on one plot
+
 Each writes a PNG and a JSON of the numbers it plots next to it.
 """
 
@@ -228,6 +231,40 @@ def frozen(run_dir: str, out: str | None, steps: int | None, progress: bool) -> 
     return dict(out=str(target), final_episode_return=summary["final_episode_return"])
 
 
+# ---------------------------------------------------------------------------- several runs
+def compare(runs: list[str], out: str) -> dict:
+    from rlhp_jax.metrics import read_jsonl
+
+    result = {}
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    for i, run_dir in enumerate(runs):
+        run, cfg = _load_run(run_dir)
+        rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("phase") == "iteration"]
+        label = cfg.setup + (" (frozen r̂)" if cfg.frozen_reward else "") + f", seed {cfg.seed}"
+        pts = [(r["env_steps"], r["episode_return"]) for r in rows if r.get("episode_return") is not None]
+        if pts:
+            axes[0].plot(*zip(*pts), "-o", markersize=3, label=label, color=f"C{i}")
+        tr = [(r["env_steps"], r["true_reward_per_1000"]) for r in rows if r.get("true_reward_per_1000") is not None]
+        if tr:
+            axes[1].plot(*zip(*tr), "-o", markersize=3, label=label, color=f"C{i}")
+        result[str(run)] = dict(setup=cfg.setup, seed=cfg.seed, labels=rows[-1]["labels"] if rows else None,
+                                final_episode_return=pts[-1][1] if pts else None, curve=pts)
+    axes[0].set_ylabel("score per episode (game reward)")
+    axes[1].set_ylabel("oracle's reward per 1,000 steps")
+    for a in axes:
+        a.set_xlabel("actor steps")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    out.with_suffix(".json").write_text(json.dumps(result))
+    return {k: v["final_episode_return"] for k, v in result.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.ibarz_diagnostics", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,6 +286,9 @@ def main(argv=None) -> int:
     f.add_argument("--out", default=None)
     f.add_argument("--steps", type=int, default=None)
     f.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("compare", help="score curves of several runs on one plot")
+    c.add_argument("--runs", nargs="+", required=True)
+    c.add_argument("--out", required=True, help="PNG to write (a JSON beside it)")
     args = p.parse_args(argv)
     from rlhp_jax.checkpoint import CheckpointError
     from rlhp_jax.demos import DemoError
@@ -264,6 +304,9 @@ def main(argv=None) -> int:
             training = [x for x in args.training if x != "--"]
             res = label_noise(args.rates, args.out, training, not args.no_progress)
             print(f"wrote {Path(args.out) / 'label_noise.png'}")
+        elif args.cmd == "compare":
+            res = compare(args.runs, args.out)
+            print(f"wrote {args.out}")
         else:
             res = frozen(args.run, args.out, args.steps, not args.no_progress)
             print(f"wrote {Path(res['out']) / 'reward_hacking.png'}")

@@ -390,11 +390,11 @@ class IbarzRun:
     def _model_vs_true(self, since: np.ndarray) -> dict:
         """r̂ and the oracle's reward per 1,000 actor steps over steps sampled from the latest
         trajectories (the reward-hacking view of Ibarz Fig. 4), and their correlation over clips."""
-        if not self.cfg.uses_reward_model:
-            return {}
         s = self.replay.recent_steps(self.rng, since, self.cfg.model_reward_samples)
         if s["obs"].shape[0] == 0:
             return {}
+        if not self.cfg.uses_reward_model:  # imitation: the true reward only
+            return dict(true_reward_per_1000=1000 * float(s["true_reward"].mean()))
         r = np.concatenate([np.asarray(self._rewards(self.rm_state, jnp.asarray(s["obs"][i:i + 512]),
                                                      jnp.asarray(s["action"][i:i + 512])))
                             for i in range(0, s["obs"].shape[0], 512)])

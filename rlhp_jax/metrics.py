@@ -216,7 +216,8 @@ def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -
     if x:
         ax.plot(x, y, "--", color="tab:green", label="held-out accuracy")
     ax.set_title("reward model")
-    ax.legend(loc="best", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a frozen or imitation run trains no reward model
+        ax.legend(loc="best", fontsize=8)
     for a in axes:
         a.set_xlabel("actor steps")
         a.grid(alpha=0.3)
