@@ -112,6 +112,10 @@ def test_diagnostics_alignment_loss_and_frozen(full_run, tmp_path):
     res = diag.loss_plot(str(full_run))
     assert res["final_ratio"] >= 1.0 and (full_run / "reward_model_loss.png").is_file()
     res = diag.frozen(str(full_run), str(tmp_path / "frozen"), steps=1000, progress=False)
+    assert diag.main(["compare", "--runs", str(full_run), str(tmp_path / "frozen"),
+                      "--out", str(tmp_path / "setups.png")]) == 0
+    both = json.loads((tmp_path / "setups.json").read_text())
+    assert [v["setup"] for v in both.values()] == ["demos+prefs+autolabels"] * 2
     rows = read_jsonl(tmp_path / "frozen" / "metrics.jsonl")
     assert rows[-1]["labels"] == 0 and rows[-1].get("rm_train_loss") is None  # fixed: never relabeled or trained
     assert (tmp_path / "frozen" / "reward_hacking.png").is_file()
