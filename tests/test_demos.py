@@ -173,3 +173,20 @@ def test_autolabels_pair_each_initial_clip_with_a_preferred_demo_clip(minatar, m
     np.testing.assert_array_equal(pairs.obs[:, 1], np.asarray(init.obs).reshape(2 * k, t, 10, 10, 4))
     with pytest.raises(ValueError, match="needs 10 demo clips"):
         D.autolabels(init, d.segments(rng, 3, t))
+
+
+def test_recording_from_a_christiano_run_checkpoint(minatar, tmp_path, capsys):
+    """A policy trained by the Christiano driver (PPO here) plays the demonstrations."""
+    from experiments import classic
+
+    run = tmp_path / "ppo"
+    assert classic.main(["--env", "Breakout-MinAtar", "--steps", "2048", "--labels", "10", "--out", str(run),
+                         "--no-progress"]) == 0
+    out = tmp_path / "ppo_demos.npz"
+    assert D.main(["record", "--run", str(run), "--episodes", "2", "--max-steps", "120", "--out", str(out)]) == 0
+    d = D.load_demos(out, minatar)
+    # two games of the barely trained policy (each ends when the ball is lost)
+    assert d.num_episodes == 2 and d.num_steps == int(d.episode_lengths.sum()) and d.num_steps <= 120
+    assert d.meta["source"] == f"policy:{run}"
+    assert D.main(["record", "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.npz")]) == 2
+    assert "no config.json" in capsys.readouterr().err
