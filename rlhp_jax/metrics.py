@@ -153,6 +153,12 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
 
+    return _save_figure(fig, axes, title, path)
+
+
+def _save_figure(fig, axes, title: str, path) -> Path:
+    """Engineering-notation step axes, the title, a tight layout; write the PNG and close."""
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter
 
     for a in axes:
@@ -174,7 +180,6 @@ def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import EngFormatter
 
     its = [r for r in rows if r.get("phase") == "iteration"]
 
@@ -221,14 +226,7 @@ def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -
     for a in axes:
         a.set_xlabel("actor steps")
         a.grid(alpha=0.3)
-        a.xaxis.set_major_formatter(EngFormatter(sep=""))
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, axes, title, path)
 
 
 class TensorBoardWriter:
