@@ -483,7 +483,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if args.cmd == "info":
-            print(json.dumps(describe(read_demos(args.file)), indent=2))
+            print(json.dumps(describe(read_demos(args.file)), indent=2, ensure_ascii=False))
             return 0
         run = Path(args.run)
         if not (run / "config.json").is_file():
@@ -512,7 +512,7 @@ def main(argv=None) -> int:
                             source=f"policy:{run}", progress=progress)
         bar.close()
         path = rec.save(args.out)
-        print(json.dumps(describe(read_demos(path)), indent=2))
+        print(json.dumps(describe(read_demos(path)), indent=2, ensure_ascii=False))
         print(f"demonstrations written to {path}")
         return 0
     except (DemoError, ValueError, OSError) as e:
