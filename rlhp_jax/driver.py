@@ -140,24 +140,27 @@ def with_ablation(cfg: RunConfig, name: str | None) -> RunConfig:
     return dataclasses.replace(cfg, **changes)
 
 
-def config_to_json(cfg: RunConfig) -> dict:
+def config_to_json(cfg) -> dict:
+    """A run config (any dataclass) as JSON-ready values (what ``config.json`` holds)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def dataclass_from_json(cls, values: dict | None):
+    """``cls`` from its ``config_to_json`` form (lists back to tuples; unknown keys ignored; None stays None)."""
+    if values is None:
+        return None
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            v = values[f.name]
+            kwargs[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+    return cls(**kwargs)
 
 
 def config_from_json(d: dict) -> RunConfig:
     """Inverse of ``config_to_json`` (nested dataclasses and tuples rebuilt)."""
     d = dict(d)
-
-    def build(cls, values):
-        if values is None:
-            return None
-        kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name in values:
-                v = values[f.name]
-                kwargs[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-        return cls(**kwargs)
-
+    build = dataclass_from_json
     d["ensemble"] = build(EnsembleConfig, d.get("ensemble"))
     d["teacher"] = build(SyntheticTeacher, d.get("teacher"))
     agent = d.get("agent", "ppo")

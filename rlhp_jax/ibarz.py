@@ -42,6 +42,7 @@ import numpy as np
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.agents.dqfd import DQfD, DQfDConfig
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
+from rlhp_jax.driver import config_to_json, dataclass_from_json
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_ibarz_run,
@@ -141,19 +142,9 @@ class IbarzConfig:
         return min(self.labels, max(1, round(FULL_INITIAL * self.labels / FULL_SCHEDULE)))
 
 
-def config_to_json(cfg: IbarzConfig) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-
-
 def config_from_json(d: dict) -> IbarzConfig:
-    def build(cls, values):
-        kw = {}
-        for f in dataclasses.fields(cls):
-            if f.name in values:
-                v = values[f.name]
-                kw[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-        return cls(**kw)
-
+    """Inverse of ``config_to_json`` (the saved ``config.json`` of a run)."""
+    build = dataclass_from_json
     d = dict(d)
     d["agent_config"] = build(DQfDConfig, d.get("agent_config", {}))
     d["replay"] = build(ReplayConfig, d.get("replay", {}))
