@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -35,14 +34,11 @@ from rlhp_jax import agents as agents_lib
 from rlhp_jax import labels as labels_lib
 from rlhp_jax import queries
 from rlhp_jax.agents.common import evaluate, random_reward_stats
-from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
-from rlhp_jax.envs import make_env
+from rlhp_jax.ensemble import EnsembleConfig
+from rlhp_jax.loop import RunParts, bucket, finished_episodes, query_chunks
 from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_learning_curve,
-                              read_jsonl, segment_return_correlation)
-from rlhp_jax.preferences import check_labels, preference_probability
-from rlhp_jax.reward_models import reward_model_spec_for
-from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
-from rlhp_jax.schedules import label_schedule
+                              read_jsonl)
+from rlhp_jax.preferences import check_labels
 from rlhp_jax.teachers import SyntheticTeacher
 
 # Christiano §3.3's ablations (plus the true-reward baseline, which is reward_source="true").
@@ -170,28 +166,21 @@ def config_from_json(d: dict) -> RunConfig:
     return build(RunConfig, d)
 
 
-def _bucket(n: int) -> int:
-    """Round a query count up to a power of two so few query shapes are ever compiled."""
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
-
-
 class EpisodeTracker:
     """Returns of the task's own episodes (raw reward, no penalty), accumulated on the host
     across iterations: what a person would call the agent's score."""
 
     def __init__(self, num_envs: int, sums=None):
-        self.sums = np.zeros(num_envs, np.float64) if sums is None else np.asarray(sums, np.float64)
+        self.sums = np.zeros(num_envs, np.float32) if sums is None else np.asarray(sums, np.float32)
 
-    def update(self, raw_reward, ends, valid) -> list[float]:
-        done = []
-        raw = np.where(np.asarray(valid), np.asarray(raw_reward, np.float64), 0.0)
-        ends = np.asarray(ends)
-        for t in range(raw.shape[0]):
-            self.sums += raw[t]
-            if ends[t].any():
-                done.extend(self.sums[ends[t]].tolist())
-                self.sums[ends[t]] = 0.0
-        return done
+    def update(self, raw_reward, ends, valid) -> tuple[int, float | None]:
+        """Add an iteration's steps; returns (episodes finished, their mean return or None)."""
+        sums, count, total = _finished_episodes(self.sums, raw_reward, ends, valid)
+        self.sums, count = np.asarray(sums), int(count)
+        return count, (float(total) / count if count else None)
+
+
+_finished_episodes = jax.jit(finished_episodes)
 
 
 class PreferenceRun:
@@ -206,97 +195,19 @@ class PreferenceRun:
         self.progress = progress
         self.log = log
         self.resume = resume
-        agent_cfg = config.agent_config or agents_lib.default_config(config.agent, config.env)
-        self.env = make_env(config.env, agent_cfg.num_envs, **dict(config.env_options))  # raises on unknown names
-        self.spec = self.env.spec
-        agents_lib.check_compatible(config.agent, self.spec)
-        self.seg_len = config.segment_length or self.spec.segment_length
-        self.updates_per_iter = max(1, math.ceil(config.iteration_steps / agent_cfg.batch_size))
-        self.steps_per_iter = self.updates_per_iter * agent_cfg.batch_size
-        self.rollout_len = self.updates_per_iter * agent_cfg.num_steps
-        if self.seg_len > self.rollout_len:
-            raise ValueError(f"segment_length {self.seg_len} exceeds the steps per environment in one iteration "
-                             f"({self.rollout_len}); raise iteration_steps")
-        self.num_iters = max(1, config.total_steps // self.steps_per_iter)
-        self.agent = agents_lib.make_agent(config.agent, self.spec, agent_cfg, self.num_iters * self.updates_per_iter)
-        std = config.ensemble.reward_std if config.ensemble.reward_std is not None else self.spec.reward_std
-        ens_cfg = dataclasses.replace(config.ensemble, reward_std=std)
-        self.ensemble = RewardEnsemble(reward_model_spec_for(self.spec), ens_cfg)
-        self.learn = config.reward_source == "model"
-        if self.learn:
-            self.schedule = label_schedule(
-                config.labels, self.num_iters * self.steps_per_iter,
-                initial_fraction=None if config.initial_label_count is not None else config.initial_label_fraction,
-                initial_count=config.initial_label_count, rate_constant=config.rate_constant)
-        if config.fit_steps is not None:
-            self.fit_steps = int(config.fit_steps)
-        else:
-            self.fit_steps = max(1, math.ceil(self.steps_per_iter * config.labels_per_rl_step / ens_cfg.batch_size))
-        if config.pretrain_epochs is not None and self.learn:
-            self.pretrain_steps = math.ceil(config.pretrain_epochs * max(self.schedule.initial, 1) / ens_cfg.batch_size)
-        else:
-            self.pretrain_steps = int(config.pretrain_steps)
-        self.can_evaluate = hasattr(self.env, "episodic_reset")
+        self.parts = parts = RunParts(config)
+        for name in ("env", "spec", "seg_len", "updates_per_iter", "steps_per_iter", "rollout_len", "num_iters",
+                     "agent", "ensemble", "learn", "schedule", "fit_steps", "pretrain_steps", "can_evaluate",
+                     "iteration_loop"):
+            setattr(self, name, getattr(parts, name))
         self._build_functions()
 
     # ------------------------------------------------------------------ compiled pieces
     def _build_functions(self):
-        env, agent, ens, cfg = self.env, self.agent, self.ensemble, self.cfg
-        T, K = agent.config.num_steps, self.updates_per_iter
-        learn = self.learn
-
-        def member_rewards(ens_state, rollout: Rollout):
-            """[M, T, N] normalized rewards of every member on a rollout."""
-            obs = rollout.obs.reshape(-1, *rollout.obs.shape[2:])
-            act = clip_action(self.spec, rollout.action)
-            act = act.reshape(-1, *act.shape[2:])
-            r = ens.normalized_member_rewards(ens_state, obs, act)
-            return r.reshape(r.shape[0], *rollout.true_reward.shape)
-
-        def one_update(carry, key):
-            agent_state, env_state, obs, ens_state, reward_scale = carry
-            k_roll, k_upd = jax.random.split(key)
-            env_state, obs, rollout = collect_rollout(env, agent.policy, agent_state.params, env_state, obs,
-                                                      k_roll, T)
-            if learn:
-                member_r = member_rewards(ens_state, rollout)
-                rewards = jnp.mean(member_r, axis=0)
-            else:
-                member_r = jnp.zeros((0, *rollout.true_reward.shape), jnp.float32)
-                rewards = (rollout.true_reward - reward_scale[0]) / reward_scale[1]
-            agent_state, metrics = agent.update(agent_state, rollout, rewards, k_upd)
-            return (agent_state, env_state, obs, ens_state, reward_scale), (rollout, rewards, member_r, metrics)
-
-        def end_to_end(stacked: Rollout) -> Rollout:
-            """K rollouts [K, T, N, ...] laid end to end as one [K·T, N, ...] trajectory."""
-            cat = lambda x: x.reshape(K * T, *x.shape[2:])
-            return stacked._replace(
-                **{f: cat(getattr(stacked, f)) for f in Rollout._fields if f not in ("last_obs", "last_value")},
-                last_obs=stacked.last_obs[-1], last_value=stacked.last_value[-1])
-
-        def split_keys(key):
-            return key[None] if K == 1 else jax.random.split(key, K)  # K = 1: the key as it is
-
-        def finish(carry, stacked):
-            agent_state, env_state, obs, _, _ = carry
-            ro, rewards, member_r, metrics = stacked
-            rollout = end_to_end(ro)
-            rewards = rewards.reshape(K * T, *rewards.shape[2:])
-            member_r = jnp.moveaxis(member_r, 1, 0)
-            member_r = member_r.reshape(member_r.shape[0], K * T, *member_r.shape[3:])
-            metrics = jax.tree.map(jnp.mean, metrics)
-            return agent_state, env_state, obs, rollout, rewards, member_r, metrics
-
-        def iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
-            carry = (agent_state, env_state, obs, ens_state, reward_scale)
-            return finish(*jax.lax.scan(one_update, carry, split_keys(key)))
-
-        # XLA:CPU runs convolution gradients ~20x slower inside a loop body (BUILD_NOTES, jax#12868):
-        # with a CNN policy on CPU the K updates are a host loop over one compiled update.
-        self.iteration_loop = "host" if (jax.default_backend() == "cpu" and K > 1
-                                         and getattr(getattr(agent, "pi", None), "network", "") == "cnn") else "scan"
-        if self.iteration_loop == "host":
-            update_jit, finish_jit, keys_jit = jax.jit(one_update), jax.jit(finish), jax.jit(split_keys)
+        parts, cfg = self.parts, self.cfg
+        if self.iteration_loop == "host":  # a CNN policy on CPU: the K updates as a host loop (see loop.py)
+            update_jit, finish_jit, keys_jit = jax.jit(parts.one_update), jax.jit(parts.finish), \
+                jax.jit(parts.update_keys)
 
             def host_iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
                 carry, outs = (agent_state, env_state, obs, ens_state, reward_scale), []
@@ -305,71 +216,37 @@ class PreferenceRun:
                     outs.append(out)
                 return finish_jit(carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outs))
 
-        def rollout_only(agent_state, env_state, obs, ens_state, key):
-            env_state, obs, rollout = collect_rollout(env, agent.policy, agent_state.params, env_state, obs, key,
-                                                      self.rollout_len)
-            return env_state, obs, rollout, member_rewards(ens_state, rollout)
-
-        def candidates(member_r, rollout: Rollout, key, n_live, q: int):
-            """q·factor candidate pairs (the first n_live·factor are live); returns the chosen q.
-
-            Candidates are scored from the per-step member rewards already computed for the
-            agent, through cumulative sums: only the chosen pairs' frames are ever gathered."""
-            k_pairs, k_sel = jax.random.split(key)
-            pool = q * cfg.candidate_factor
-            t0, env_idx = queries.sample_segment_starts(k_pairs, rollout.boundary, 2 * pool, self.seg_len,
-                                                        excluded=~rollout.valid)
-            live = jnp.arange(pool) < n_live * cfg.candidate_factor
-            if cfg.selection == "disagreement" and ens.config.num_members > 1:
-                ret = queries.segment_sums(member_r, t0, env_idx, self.seg_len).reshape(-1, pool, 2)
-                probs = preference_probability(ret[..., 0], ret[..., 1], ens.config.error_rate)
-                idx = queries.select_by_disagreement(probs, q, live)
-            else:
-                idx = queries.select_random(k_sel, pool, q, live)
-            t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
-            take = lambda x: queries.gather_segments(x, t0, env_idx, self.seg_len).reshape(
-                q, 2, self.seg_len, *x.shape[2:])
-            pairs = labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
-                                            true_reward=take(rollout.true_reward))
-            return pairs, take(rollout.render)  # render: what a clip of the pair needs (MuJoCo root position)
-
-        def correlation(rollout: Rollout, rewards, key):
-            _, pred, true = queries.sample_segments(key, rollout.obs, rewards, rollout.true_reward,
-                                                    rollout.boundary, cfg.correlation_segments, self.seg_len,
-                                                    excluded=~rollout.valid)
-            return segment_return_correlation(pred.sum(-1), true.sum(-1))
-
-        self._iteration = host_iteration if self.iteration_loop == "host" else jax.jit(iteration)
-        self._rollout_only = jax.jit(rollout_only)
-        self._candidates = jax.jit(candidates, static_argnums=4)
-        self._label = jax.jit(self.cfg.teacher.label_pairs)
+            self._iteration = host_iteration
+        else:
+            self._iteration = jax.jit(parts.iteration)
+        self._rollout_only = jax.jit(parts.rollout_only)
+        self._candidates = jax.jit(parts.candidates, static_argnums=4)
+        self._query_chunk = jax.jit(parts.query_chunk, static_argnums=5)
         self._add = jax.jit(labels_lib.add_labels)
-        self._fit = ens.fitter()
-        self._evaluate_ensemble = jax.jit(ens.evaluate)
-        self._correlation = jax.jit(correlation)
+        self._fit = self.ensemble.fitter()
+        self._evaluate_ensemble = jax.jit(self.ensemble.evaluate)
+        self._correlation = jax.jit(parts.correlation)
         if self.can_evaluate:
+            env, agent = self.env, self.agent
             self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
 
     # ------------------------------------------------------------------ labels
     def _selections(self, member_r, rollout, key, n: int):
         """``n`` selected pairs from ``rollout`` in chunks of a power-of-two size (few compiled
         shapes): yields ``(pairs, render, take, (k_label, k_add))``; the first ``take`` are live."""
-        while n > 0:
-            q = min(_bucket(n), 1024)
-            take = min(n, q)
+        for q, take in query_chunks(n):
             key, k_c, k_t, k_a = jax.random.split(key, 4)
             pairs, render = self._candidates(member_r, rollout, k_c, take, q)
             yield pairs, render, take, (k_t, k_a)
-            n -= take
 
     def _query(self, member_r, buffer, rollout, key, n: int):
-        """Ask the teacher about ``n`` selected pairs from ``rollout``; returns (buffer, asked, answered)."""
+        """Ask the synthetic teacher about ``n`` selected pairs from ``rollout`` (chunks as in
+        ``_selections``); returns (buffer, asked, answered)."""
         asked = answered = 0
-        for pairs, _, take, (k_t, k_a) in self._selections(member_r, rollout, key, n):
-            mu, ok = self._label(k_t, pairs)
-            mask = (jnp.arange(pairs.num_pairs) < take) & ok
+        for q, take in query_chunks(n):
+            key, k_c, k_t, k_a = jax.random.split(key, 4)
+            buffer, mu, mask = self._query_chunk(buffer, member_r, rollout, (k_c, k_t, k_a), take, q)
             check_labels(np.asarray(mu)[np.asarray(mask)])
-            buffer = self._add(buffer, k_a, pairs, mu, mask)
             asked += take
             answered += int(mask.sum())
         return buffer, asked, answered
@@ -391,7 +268,7 @@ class PreferenceRun:
         trainable = 0
         for lo in range(0, n, 1024):
             hi = min(n, lo + 1024)
-            q = _bucket(hi - lo)
+            q = bucket(hi - lo)
             pad = lambda x: np.concatenate([x[lo:hi], np.zeros((q - (hi - lo), *x.shape[1:]), x.dtype)])
             batch = labels_lib.SegmentPairs(obs=jnp.asarray(pad(pairs["obs"])), action=jnp.asarray(pad(pairs["action"])),
                                             true_reward=jnp.asarray(pad(pairs["true_reward"]), jnp.float32))
@@ -431,8 +308,7 @@ class PreferenceRun:
         if not learn and not self.resume:  # before the reset: it steps the environments
             reward_scale = jnp.asarray(random_reward_stats(self.env, k_scale), jnp.float32)
         env_state, obs = self.env.reset(k_env)
-        capacity = min(cfg.label_capacity or cfg.labels, cfg.labels)  # never more slots than labels
-        buffer = self.ensemble.empty_buffer(capacity, self.seg_len)
+        buffer = self.ensemble.empty_buffer(self.parts.label_capacity, self.seg_len)
         asked = answered = 0
         responses = cursor = 0  # human: answers consumed (incl. "can't tell") and the store id of the last one
         start_iter, wall_before = 1, 0.0
@@ -559,17 +435,15 @@ class PreferenceRun:
                     row["rm_val_loss"] = nanmean_or_none(ev["val_loss"])
                 row["reward_correlation"] = finite_or_none(self._correlation(rollout, rewards, k_corr))
                 row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2)
-            ends = np.asarray(rollout.boundary)
-            if spec.on_terminate == "reset":
-                ends = ends | np.asarray(rollout.terminated)
-            episodes = tracker.update(rollout.raw_reward, ends, rollout.valid)
+            episodes, episode_return = tracker.update(rollout.raw_reward, self.parts.episode_ends(rollout),
+                                                      rollout.valid)
             row.update(
                 labels=answered,
                 queries=asked,
                 true_return=float(jnp.mean(rollout.true_reward)) * spec.horizon,
                 predicted_return=float(jnp.mean(rewards)) * spec.horizon,
-                episodes=len(episodes),
-                episode_return=float(np.mean(episodes)) if episodes else None,
+                episodes=episodes,
+                episode_return=episode_return,
                 terminations=int(rollout.terminated.sum()),
                 policy_entropy=float(agent_m.get("entropy", jnp.nan)),
                 time_agent_s=t1 - t0,

@@ -33,8 +33,8 @@ import optax
 from flax import struct
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax.preferences import (bradley_terry_loss, preference_accuracy, preference_probability, segment_returns,
-                                  target_return_loss)
+from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy, preference_probability,
+                                  segment_returns, target_return_loss)
 from rlhp_jax.reward_models import RewardModelSpec
 
 
@@ -68,7 +68,7 @@ class EnsembleConfig:
             raise ValueError(f"fit_loop must be 'auto', 'scan' or 'host', got {self.fit_loop!r}")
         if self.loss not in ("preferences", "target"):
             raise ValueError(f"loss must be 'preferences' or 'target', got {self.loss!r}")
-        if not 0.0 <= self.error_rate < 1.0:
+        if is_concrete(self.error_rate) and not 0.0 <= self.error_rate < 1.0:
             raise ValueError(f"error_rate must be in [0, 1), got {self.error_rate}")
 
 

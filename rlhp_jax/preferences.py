@@ -22,6 +22,12 @@ import jax.numpy as jnp
 VALID_LABELS = (0.0, 0.5, 1.0)
 
 
+def is_concrete(x) -> bool:
+    """True for a value known now (a number or array), False for a JAX tracer: config checks
+    skip traced settings, such as an error rate the compiled loop is vmapped over."""
+    return not isinstance(x, jax.core.Tracer)
+
+
 def preference_logit(returns_1: jax.Array, returns_2: jax.Array) -> jax.Array:
     """log-odds of σ¹ ≻ σ² under the plain Bradley-Terry model: R¹ − R²."""
     return jnp.asarray(returns_1) - jnp.asarray(returns_2)

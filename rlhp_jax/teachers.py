@@ -29,6 +29,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rlhp_jax.preferences import is_concrete
+
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticTeacher:
@@ -39,7 +41,7 @@ class SyntheticTeacher:
     tie_within: float = 0.0  # tie when perceived returns differ by at most this
 
     def __post_init__(self):
-        if not 0.0 <= self.mistake_rate <= 1.0:
+        if is_concrete(self.mistake_rate) and not 0.0 <= self.mistake_rate <= 1.0:
             raise ValueError(f"mistake_rate must be in [0, 1], got {self.mistake_rate}")
         if not self.beta > 0:
             raise ValueError(f"beta must be > 0 (inf for a perfectly rational teacher), got {self.beta}")

@@ -298,8 +298,9 @@ def evaluate(env: VecEnv, agent: Agent, params, key: jax.Array, num_episodes: in
     return jnp.mean(jax.vmap(episode)(jax.random.split(key, num_episodes)))
 
 
-def random_reward_stats(env: VecEnv, key: jax.Array, num_steps: int = 1000) -> tuple[float, float]:
-    """Mean and std of the true reward under uniformly random actions (policy-free constants)."""
+def random_reward_stats(env: VecEnv, key: jax.Array, num_steps: int = 1000) -> jax.Array:
+    """[2] float32: mean and std of the true reward under uniformly random actions (policy-free
+    constants that scale the true reward for the RL baseline); jittable for pure-JAX envs."""
     spec = env.spec
 
     def random_policy(_, obs, k):
@@ -314,4 +315,4 @@ def random_reward_stats(env: VecEnv, key: jax.Array, num_steps: int = 1000) -> t
     k_reset, k_roll = jax.random.split(key)
     state, obs = env.reset(k_reset)
     _, _, ro = collect_rollout(env, random_policy, None, state, obs, k_roll, num_steps)
-    return float(jnp.mean(ro.true_reward)), float(jnp.maximum(jnp.std(ro.true_reward), 1e-6))
+    return jnp.stack([jnp.mean(ro.true_reward), jnp.maximum(jnp.std(ro.true_reward), 1e-6)]).astype(jnp.float32)

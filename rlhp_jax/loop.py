@@ -1,0 +1,231 @@
+"""One preference-learning run as pure functions: what the host driver and the compiled loop share.
+
+``RunParts(config)`` builds, from a ``driver.RunConfig``, everything a run is made of (the
+environments, the agent, the reward ensemble, the label schedule, the sizes of an iteration)
+and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly functions:
+
+    iteration(agent_state, env_state, obs, ens_state, reward_scale, key)
+        the agent acts on r̂ and updates ``updates_per_iter`` times (one ``lax.scan``)
+    rollout_only(agent_state, env_state, obs, ens_state, key)
+        the same amount of acting without updates (clips of the untrained policy)
+    query_chunk(buffer, member_r, rollout, keys, n_live, q)
+        q·10 candidate pairs → select q (disagreement or random) → oracle labels → label set
+    correlation(rollout, rewards, key)
+        corr(r̂, true return) over fresh segments (a diagnostic)
+
+``rlhp_jax.driver.PreferenceRun`` jits each piece and holds the state between them on the
+host (checkpoints, human teachers, logging); ``rlhp_jax.compiled`` composes the very same
+pieces into one compiled program.  Keeping them here is what makes the two paths the same
+algorithm: same keys, same shapes, same functions.
+
+Query counts are rounded up to a power of two (``bucket``) and asked in chunks of at most
+``MAX_QUERY_CHUNK`` so that few shapes are ever compiled; the first ``n_live`` pairs of a
+chunk are real, the rest are masked out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from rlhp_jax import agents as agents_lib
+from rlhp_jax import labels as labels_lib
+from rlhp_jax import queries
+from rlhp_jax.ensemble import RewardEnsemble
+from rlhp_jax.envs import make_env
+from rlhp_jax.metrics import segment_return_correlation
+from rlhp_jax.preferences import preference_probability
+from rlhp_jax.reward_models import reward_model_spec_for
+from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
+from rlhp_jax.schedules import label_schedule
+
+MAX_QUERY_CHUNK = 1024  # pairs selected and labeled in one compiled call
+
+
+def bucket(n: int) -> int:
+    """Round a query count up to a power of two so few query shapes are ever compiled."""
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def query_chunks(n: int) -> list[tuple[int, int]]:
+    """``(q, take)`` of each chunk the driver asks ``n`` queries in: q = the compiled size, take ≤ q live."""
+    chunks = []
+    while n > 0:
+        q = min(bucket(n), MAX_QUERY_CHUNK)
+        take = min(n, q)
+        chunks.append((q, take))
+        n -= take
+    return chunks
+
+
+def finished_episodes(sums, raw_reward, ends, valid):
+    """Episode scores over a ``[T, N]`` stretch of steps: adds each valid step's raw reward to the
+    running ``sums`` [N] and closes an episode where ``ends``.  Returns (sums, episodes finished,
+    sum of their returns); pure, so the host driver and the compiled loop count alike."""
+    raw = jnp.where(valid, jnp.asarray(raw_reward, jnp.float32), 0.0)
+
+    def step(carry, x):
+        sums, count, total = carry
+        r, end = x
+        sums = sums + r
+        count = count + jnp.sum(end.astype(jnp.int32))
+        total = total + jnp.sum(jnp.where(end, sums, 0.0))
+        return (jnp.where(end, 0.0, sums), count, total), None
+
+    init = (jnp.asarray(sums, jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
+    return jax.lax.scan(step, init, (raw, jnp.asarray(ends, bool)))[0]
+
+
+class RunParts:
+    """The components and pure steps of a run of ``config`` (a ``driver.RunConfig``)."""
+
+    def __init__(self, config):
+        self.cfg = config
+        agent_cfg = config.agent_config or agents_lib.default_config(config.agent, config.env)
+        self.env = make_env(config.env, agent_cfg.num_envs, **dict(config.env_options))  # raises on unknown names
+        self.spec = self.env.spec
+        agents_lib.check_compatible(config.agent, self.spec)
+        self.seg_len = config.segment_length or self.spec.segment_length
+        self.updates_per_iter = max(1, math.ceil(config.iteration_steps / agent_cfg.batch_size))
+        self.steps_per_iter = self.updates_per_iter * agent_cfg.batch_size
+        self.rollout_len = self.updates_per_iter * agent_cfg.num_steps
+        if self.seg_len > self.rollout_len:
+            raise ValueError(f"segment_length {self.seg_len} exceeds the steps per environment in one iteration "
+                             f"({self.rollout_len}); raise iteration_steps")
+        self.num_iters = max(1, config.total_steps // self.steps_per_iter)
+        self.agent = agents_lib.make_agent(config.agent, self.spec, agent_cfg, self.num_iters * self.updates_per_iter)
+        std = config.ensemble.reward_std if config.ensemble.reward_std is not None else self.spec.reward_std
+        ens_cfg = dataclasses.replace(config.ensemble, reward_std=std)
+        self.ensemble = RewardEnsemble(reward_model_spec_for(self.spec), ens_cfg)
+        self.learn = config.reward_source == "model"
+        self.schedule = None
+        if self.learn:
+            self.schedule = label_schedule(
+                config.labels, self.num_iters * self.steps_per_iter,
+                initial_fraction=None if config.initial_label_count is not None else config.initial_label_fraction,
+                initial_count=config.initial_label_count, rate_constant=config.rate_constant)
+        if config.fit_steps is not None:
+            self.fit_steps = int(config.fit_steps)
+        else:
+            self.fit_steps = max(1, math.ceil(self.steps_per_iter * config.labels_per_rl_step / ens_cfg.batch_size))
+        if config.pretrain_epochs is not None and self.learn:
+            self.pretrain_steps = math.ceil(config.pretrain_epochs * max(self.schedule.initial, 1) / ens_cfg.batch_size)
+        else:
+            self.pretrain_steps = int(config.pretrain_steps)
+        self.label_capacity = min(config.label_capacity or config.labels, config.labels)  # never more than labels
+        self.can_evaluate = hasattr(self.env, "episodic_reset")
+        # XLA:CPU runs convolution gradients ~20x slower inside a loop body (BUILD_NOTES, jax#12868):
+        # with a CNN policy on CPU the driver runs an iteration's updates as a host loop.
+        self.iteration_loop = "host" if (jax.default_backend() == "cpu" and self.updates_per_iter > 1
+                                         and getattr(getattr(self.agent, "pi", None), "network", "") == "cnn") \
+            else "scan"
+
+    # ------------------------------------------------------------------ acting
+    def member_rewards(self, ens_state, rollout: Rollout):
+        """[M, T, N] normalized rewards of every member on a rollout."""
+        obs = rollout.obs.reshape(-1, *rollout.obs.shape[2:])
+        act = clip_action(self.spec, rollout.action)
+        act = act.reshape(-1, *act.shape[2:])
+        r = self.ensemble.normalized_member_rewards(ens_state, obs, act)
+        return r.reshape(r.shape[0], *rollout.true_reward.shape)
+
+    def one_update(self, carry, key):
+        """Collect one rollout on r̂ (or the scaled true reward) and update the agent once."""
+        agent, env = self.agent, self.env
+        agent_state, env_state, obs, ens_state, reward_scale = carry
+        k_roll, k_upd = jax.random.split(key)
+        env_state, obs, rollout = collect_rollout(env, agent.policy, agent_state.params, env_state, obs,
+                                                  k_roll, agent.config.num_steps)
+        if self.learn:
+            member_r = self.member_rewards(ens_state, rollout)
+            rewards = jnp.mean(member_r, axis=0)
+        else:
+            member_r = jnp.zeros((0, *rollout.true_reward.shape), jnp.float32)
+            rewards = (rollout.true_reward - reward_scale[0]) / reward_scale[1]
+        agent_state, metrics = agent.update(agent_state, rollout, rewards, k_upd)
+        return (agent_state, env_state, obs, ens_state, reward_scale), (rollout, rewards, member_r, metrics)
+
+    def update_keys(self, key):
+        """One key per agent update of an iteration (K = 1: the key as it is)."""
+        k = self.updates_per_iter
+        return key[None] if k == 1 else jax.random.split(key, k)
+
+    def finish(self, carry, stacked):
+        """The K updates' outputs laid end to end: (agent, env, obs, rollout [K·T, N], rewards,
+        member rewards [M, K·T, N], mean agent metrics)."""
+        agent_state, env_state, obs, _, _ = carry
+        ro, rewards, member_r, metrics = stacked
+        k, t = self.updates_per_iter, self.agent.config.num_steps
+        cat = lambda x: x.reshape(k * t, *x.shape[2:])
+        rollout = ro._replace(**{f: cat(getattr(ro, f)) for f in Rollout._fields if f not in ("last_obs", "last_value")},
+                              last_obs=ro.last_obs[-1], last_value=ro.last_value[-1])
+        member_r = jnp.moveaxis(member_r, 1, 0)
+        member_r = member_r.reshape(member_r.shape[0], k * t, *member_r.shape[3:])
+        return agent_state, env_state, obs, rollout, cat(rewards), member_r, jax.tree.map(jnp.mean, metrics)
+
+    def iteration(self, agent_state, env_state, obs, ens_state, reward_scale, key):
+        """``updates_per_iter`` agent updates in one ``lax.scan`` (see ``finish`` for the outputs)."""
+        carry = (agent_state, env_state, obs, ens_state, reward_scale)
+        return self.finish(*jax.lax.scan(self.one_update, carry, self.update_keys(key)))
+
+    def rollout_only(self, agent_state, env_state, obs, ens_state, key):
+        """An iteration's worth of acting without updates: (env_state, obs, rollout, member rewards)."""
+        env_state, obs, rollout = collect_rollout(self.env, self.agent.policy, agent_state.params, env_state, obs,
+                                                  key, self.rollout_len)
+        return env_state, obs, rollout, self.member_rewards(ens_state, rollout)
+
+    # ------------------------------------------------------------------ queries
+    def candidates(self, member_r, rollout: Rollout, key, n_live, q: int):
+        """q·factor candidate pairs (the first n_live·factor are live); returns the chosen q pairs
+        and what their clips need for rendering.
+
+        Candidates are scored from the per-step member rewards already computed for the
+        agent, through cumulative sums: only the chosen pairs' frames are ever gathered."""
+        cfg, seg_len = self.cfg, self.seg_len
+        k_pairs, k_sel = jax.random.split(key)
+        pool = q * cfg.candidate_factor
+        t0, env_idx = queries.sample_segment_starts(k_pairs, rollout.boundary, 2 * pool, seg_len,
+                                                    excluded=~rollout.valid)
+        live = jnp.arange(pool) < n_live * cfg.candidate_factor
+        if cfg.selection == "disagreement" and self.ensemble.config.num_members > 1:
+            ret = queries.segment_sums(member_r, t0, env_idx, seg_len).reshape(-1, pool, 2)
+            probs = preference_probability(ret[..., 0], ret[..., 1], self.ensemble.config.error_rate)
+            idx = queries.select_by_disagreement(probs, q, live)
+        else:
+            idx = queries.select_random(k_sel, pool, q, live)
+        t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
+        take = lambda x: queries.gather_segments(x, t0, env_idx, seg_len).reshape(q, 2, seg_len, *x.shape[2:])
+        pairs = labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
+                                        true_reward=take(rollout.true_reward))
+        return pairs, take(rollout.render)  # render: what a clip of the pair needs (MuJoCo root position)
+
+    def query_chunk(self, buffer, member_r, rollout: Rollout, keys, n_live, q: int):
+        """One chunk of queries to the synthetic oracle: select q pairs (the first ``n_live`` real),
+        label them and add the answered ones to the label set.
+
+        ``keys`` = (candidates, teacher, label-set) keys.  Returns (buffer, mu [q], mask [q]):
+        ``mask`` marks the pairs that were real and answered (those were added)."""
+        k_c, k_t, k_a = keys
+        pairs, _ = self.candidates(member_r, rollout, k_c, n_live, q)
+        mu, ok = self.cfg.teacher.label_pairs(k_t, pairs)
+        mask = (jnp.arange(q) < n_live) & ok
+        return labels_lib.add_labels(buffer, k_a, pairs, mu, mask), mu, mask
+
+    # ------------------------------------------------------------------ diagnostics
+    def episode_ends(self, rollout: Rollout):
+        """[T, N] where the task's own episodes end: the fixed horizon, and termination where the
+        emulator resets silently (on_terminate="reset")."""
+        ends = rollout.boundary
+        if self.spec.on_terminate == "reset":
+            ends = ends | rollout.terminated
+        return ends
+
+    def correlation(self, rollout: Rollout, rewards, key):
+        """Pearson correlation of predicted and true returns over fresh segments of the rollout."""
+        _, pred, true = queries.sample_segments(key, rollout.obs, rewards, rollout.true_reward,
+                                                rollout.boundary, self.cfg.correlation_segments, self.seg_len,
+                                                excluded=~rollout.valid)
+        return segment_return_correlation(pred.sum(-1), true.sum(-1))
