@@ -29,7 +29,9 @@ MuJoCo
 CLI
   ``python -m rlhp_jax.clips --env Hopper --steps 60 --out clip.mp4`` runs a random policy
   through the project's environment wrapper (``envs.make_env``: the papers' settings, masked
-  Atari frames) and writes a clip of the state after each step.
+  Atari frames) and writes a clip of the state after each step.  ``--env`` takes every task
+  ``envs.make_env`` takes (MuJoCo, Atari, and gymnax's classic-control and MinAtar tasks, drawn
+  by ``classic_clips``), resolved as ``make_env`` resolves it, plus case-insensitive spellings.
 """
 
 from __future__ import annotations
@@ -724,6 +726,42 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
+def resolve_cli_env(env: str) -> tuple[str, str] | None:
+    """``(kind, task)`` for a ``--env`` value: kind ``'mujoco'`` (task as in
+    ``MUJOCO_RENDER_TASKS``), ``'atari'`` (a paper game) or ``'gymnax'`` (a gymnax task id); None
+    for an unknown one.  A name ``envs.make_env`` takes resolves as ``make_env`` resolves it
+    (exact gymnax ids first, then envpool's names and Christiano's aliases such as
+    'pendulum' → InvertedPendulum); other spellings of the same names in any letter case
+    ('hopper', 'pong', 'cartpole-v1') are accepted too."""
+    from rlhp_jax import envpool_envs
+    from rlhp_jax.envs import gymnax_envs
+
+    gymnax = gymnax_envs()
+    if env in gymnax:
+        return "gymnax", env
+    canonical = envpool_envs._canonical(env)  # make_env's own resolution of envpool names
+    if canonical is not None:
+        return canonical
+    task = mujoco_task_name(env)
+    if task is not None:
+        return "mujoco", task
+    game = _atari_game(env)
+    if game is not None:
+        return "atari", game
+    for name in gymnax:
+        if name.lower() == env.lower():
+            return "gymnax", name
+    return None
+
+
+def _unknown_env_message(env: str) -> str:
+    from rlhp_jax.envs import gymnax_envs
+
+    return (f"unknown env {env!r}; supported: MuJoCo {', '.join(MUJOCO_RENDER_TASKS)}; "
+            f"Atari {', '.join(PAPER_ATARI_GAMES)}; classic control and MinAtar (gymnax) "
+            f"{', '.join(gymnax_envs())}")
+
+
 def random_rollout(env_name: str, steps: int, seed: int):
     """``steps`` steps of a uniformly random policy through the project's environment wrapper
     (``envs.make_env``: the papers' settings, Atari score masks).  Returns ``(env, next_obs,
@@ -768,21 +806,25 @@ def _run_atari_native(game: str, steps: int, seed: int, rng: np.random.Generator
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog="python -m rlhp_jax.clips",
-                     description="Write a clip of a random policy in an envpool task.")
+                     description="Write an MP4 clip of a random policy in any task envs.make_env "
+                                 "runs (MuJoCo, Atari, gymnax classic control and MinAtar).")
     parser.add_argument("--env", required=True,
-                        help="MuJoCo task (Hopper, ...) or Atari game (Pong, Pong-v5, ...)")
+                        help="MuJoCo task (Hopper, ...), Atari game (Pong, Pong-v5, ...) or gymnax "
+                             "task (CartPole-v1, Breakout-MinAtar, ...)")
     parser.add_argument("--steps", type=int, default=60,
                         help="frames in the clip: the state after each of `steps` random actions")
     parser.add_argument("--out", required=True, help="output .mp4 path")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fps", type=float, default=None,
-                        help="default: real time (MuJoCo 1/(timestep·frame_skip), Atari 15)")
-    parser.add_argument("--size", type=int, default=256, help="MuJoCo frame width and height")
+                        help="default: real time (MuJoCo 1/(timestep·frame_skip), Atari 15, "
+                             "gymnax 1/dt: CartPole 50, MinAtar 10, ...)")
+    parser.add_argument("--size", type=int, default=256,
+                        help="MuJoCo and gymnax frame width and height (gymnax: even, >= 32)")
     parser.add_argument("--scale", type=int, default=None,
                         help="Atari upscaling (default 4 for 84×84, 2 for --native)")
     parser.add_argument("--native", action="store_true", help="Atari: native-colour frames")
     parser.add_argument("--every", type=int, default=1,
-                        help="MuJoCo: render every k-th step at fps/k (still real time)")
+                        help="MuJoCo and gymnax: render every k-th step at fps/k (still real time)")
     try:
         args = parser.parse_args(argv)
         if args.steps < 1:
@@ -793,12 +835,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError("--every, --size and --scale must be positive")
         if not args.out.lower().endswith(".mp4"):
             raise _UsageError(f"--out must end in .mp4, got {args.out!r}")
-        task = mujoco_task_name(args.env)
-        game = None if task else _atari_game(args.env)
-        if task is None and game is None:
-            raise _UsageError(
-                f"unknown env {args.env!r}; supported: MuJoCo {', '.join(MUJOCO_RENDER_TASKS)}; "
-                f"Atari {', '.join(PAPER_ATARI_GAMES)}")
+        resolved = resolve_cli_env(args.env)
+        if resolved is None:
+            raise _UsageError(_unknown_env_message(args.env))
+        kind, name = resolved
+        task = name if kind == "mujoco" else None
+        game = name if kind == "atari" else None
+        if kind == "gymnax":
+            from rlhp_jax.classic_clips import _MIN_SIZE
+
+            if args.native or args.scale is not None:
+                raise _UsageError(f"--native and --scale apply to Atari games only; {name}'s "
+                                  f"frames are --size pixels square (default 256)")
+            if args.size < _MIN_SIZE or args.size % 2:
+                raise _UsageError(f"--size for {name} must be an even number >= {_MIN_SIZE}, "
+                                  f"got {args.size}")
     except _UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -818,6 +869,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         t_render = time.perf_counter() - t0
         fps = args.fps if args.fps is not None else renderer.fps / args.every
         renderer.close()
+    elif kind == "gymnax":
+        from rlhp_jax.classic_clips import CLASSIC_FPS, classic_clip_frames
+
+        t_setup = 0.0
+        _, obs, _ = random_rollout(name, args.steps, args.seed)
+        t0 = time.perf_counter()
+        frames = classic_clip_frames(name, obs[::args.every], size=args.size)
+        t_render = time.perf_counter() - t0
+        fps = args.fps if args.fps is not None else CLASSIC_FPS[name] / args.every
     else:
         t_setup = 0.0
         if args.native:
@@ -834,7 +894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     encode_mp4(frames, args.out, fps)
     t_encode = time.perf_counter() - t0
     info_out = probe_mp4(args.out)
-    print(f"{args.out}: {info_out['frames']} frames, {info_out['duration_s']:.2f} s at "
+    print(f"{args.out}: {name}, {info_out['frames']} frames, {info_out['duration_s']:.2f} s at "
           f"{fps:g} fps, {info_out['width']}x{info_out['height']} {info_out['codec']}; "
           f"render {t_render:.2f} s (+{t_setup:.2f} s renderer setup), encode {t_encode:.2f} s")
     return 0

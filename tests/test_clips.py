@@ -412,9 +412,70 @@ def test_cli_module_writes_playable_pong_clip(tmp_path):
     assert frames.std() > 5  # not a blank picture
 
 
+@pytest.mark.parametrize("env, steps, size, every, fps", [
+    ("CartPole-v1", 12, 64, 1, 50.0),  # classic control: real time, 1 / tau
+    ("cartpole-v1", 12, 64, 3, 50.0 / 3),  # any letter case; every 3rd step at fps / 3
+    ("Breakout-MinAtar", 10, 40, 1, 10.0),  # MinAtar: 10 steps per second
+], ids=["CartPole-v1", "cartpole-every3", "Breakout-MinAtar"])
+def test_cli_writes_playable_gymnax_clip(tmp_path, capsys, env, steps, size, every, fps):
+    out = tmp_path / "sub" / "gymnax.mp4"
+    assert clips.main(["--env", env, "--steps", str(steps), "--size", str(size), "--every",
+                       str(every), "--out", str(out)]) == 0
+    n = -(-steps // every)
+    info = clips.probe_mp4(out)
+    assert (info["frames"], info["width"], info["height"], info["codec"]) == (n, size, size, "h264")
+    assert info["pix_fmt"] == "yuv420p" and info["faststart"]
+    assert info["fps"] == pytest.approx(fps, rel=1e-3)
+    assert abs(info["duration_s"] - n / fps) <= 1 / fps
+    frames = _decode(out)
+    assert frames.std() > 5  # not a blank picture
+    printed = capsys.readouterr().out
+    assert str(out) in printed and f"{n} frames" in printed
+    assert ("Breakout-MinAtar" if "MinAtar" in env else "CartPole-v1") in printed
+
+
+def test_cli_resolves_every_task_make_env_takes():
+    """Every name ``envs.make_env`` takes (and Christiano's MuJoCo aliases) resolves to the
+    task ``make_env`` would build; names it refuses stay unknown."""
+    from rlhp_jax import envpool_envs, envs
+
+    for name in envs.supported_envs():
+        kind, task = clips.resolve_cli_env(name)
+        if name in envs.gymnax_envs():
+            assert (kind, task) == ("gymnax", name)
+        else:
+            assert (kind, task) == envpool_envs._canonical(name), name
+    assert clips.resolve_cli_env("pendulum") == ("mujoco", "InvertedPendulum")
+    assert clips.resolve_cli_env("double pendulum") == ("mujoco", "InvertedDoublePendulum")
+    assert clips.resolve_cli_env("Pendulum-v1") == ("gymnax", "Pendulum-v1")
+    assert clips.resolve_cli_env("Breakout") == ("atari", "Breakout")
+    assert clips.resolve_cli_env("SPACEINVADERS-MINATAR") == ("gymnax", "SpaceInvaders-MinAtar")
+    for name in ("Humanoid", "CartPole", "MinAtar", "Breakout-MinAtar-v1", ""):
+        assert clips.resolve_cli_env(name) is None, name
+
+
+def test_cli_module_unknown_env_names_the_tasks_and_writes_nothing(tmp_path):
+    out = tmp_path / "sub" / "x.mp4"
+    proc = subprocess.run([sys.executable, "-m", "rlhp_jax.clips", "--env", "CartPole-v9",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode != 0
+    assert proc.stderr.startswith("error: unknown env 'CartPole-v9'; supported:"), proc.stderr
+    for name in ("Hopper", "Pong", "CartPole-v1", "Pendulum-v1", "Breakout-MinAtar",
+                 "SpaceInvaders-MinAtar"):
+        assert name in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--env", "Humanoid", "--out", "x.mp4"], "unknown env 'Humanoid'; supported: MuJoCo Hopper"),
     (["--env", "NoSuchGame", "--out", "x.mp4"], "Pong"),
+    (["--env", "NoSuchGame", "--out", "x.mp4"], "(gymnax) Acrobot-v1, Asterix-MinAtar"),
+    (["--env", "CartPole-v1", "--scale", "2", "--out", "x.mp4"], "Atari games only"),
+    (["--env", "Freeway-MinAtar", "--native", "--out", "x.mp4"], "Atari games only"),
+    (["--env", "CartPole-v1", "--size", "33", "--out", "x.mp4"], "even number >= 32"),
+    (["--env", "Pendulum-v1", "--size", "16", "--out", "x.mp4"], "even number >= 32"),
     (["--env", "Hopper", "--steps", "0", "--out", "x.mp4"], "--steps"),
     (["--env", "Hopper", "--fps", "-1", "--out", "x.mp4"], "--fps"),
     (["--env", "Hopper", "--out", "x.avi"], ".mp4"),
