@@ -1,0 +1,346 @@
+"""The whole preference-learning loop as one compiled function, for pure-JAX (gymnax) tasks.
+
+    final, metrics = train(key, config)                    # one run, one XLA program
+    run = CompiledRun(config)
+    finals, metrics = run.train_lanes(keys, run.lanes(...))  # many seeds / settings at once
+
+Acting, segment sampling, query selection, synthetic labeling, ensemble training and the agent
+update all happen inside one ``jit``: no host round trip per iteration.  It is the algorithm of
+the host driver (``rlhp_jax.driver.PreferenceRun``) step for step — the same pieces from
+``rlhp_jax.loop.RunParts``, called with the same keys in the same order — so for the synthetic
+oracle the two paths produce the same labels and (within float tolerance) the same reward model.
+
+What the host driver decides on the host becomes data here:
+
+* **Label counts.** The schedule's counts per iteration are computed on the host, exactly as the
+  driver computes them, and travel in ``Hyper`` (``initial_queries``, ``new_queries``).  A
+  query count selects, through ``lax.switch``, the branch that asks for that count rounded up to
+  a power of two — the very shape the driver would compile — so the random draws agree.
+* **Numeric settings** in ``Hyper`` (the label budget, the teacher's mistake rate, the error
+  rate of the preference model, the two learning rates) are traced values, so ``jax.vmap``
+  runs a grid of them at once; ``None`` keeps the config's value as a compile-time constant.
+  Shapes come from the config: ``config.labels`` sets the label set's capacity and the largest
+  query batch, so a swept budget must not exceed it.  The ensemble size changes shapes, so it
+  is a separate program per value (``experiments.sweep --members 1 3``).
+
+``train_lanes`` runs L lanes (seeds × settings) as a scan over iterations whose body is the
+vmapped step, so a progress callback sees every lane once per iteration.  With a ``mesh``, the
+lanes are sharded over its devices (``NamedSharding``; one device or many, one host or many —
+see ``rlhp_jax.distributed``), and, within a lane, the environments and the ensemble members
+can be sharded too (mesh axes ``"envs"`` and ``"members"``).
+
+Limits: the synthetic oracle only (people answer on their own time); pure-JAX environments only
+(envpool steps C++ emulators the program cannot carry); no checkpoints inside the program —
+a compiled run is minutes, and ``experiments.sweep`` saves every finished run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rlhp_jax import labels as labels_lib
+from rlhp_jax.agents.common import evaluate, random_reward_stats
+from rlhp_jax.loop import MAX_QUERY_CHUNK, RunParts, bucket, finished_episodes
+
+# Hyper field -> where it lives in the run config (agent lr: per agent).
+SWEEPABLE = ("labels", "mistake_rate", "error_rate", "rm_learning_rate", "agent_learning_rate")
+AGENT_LR_FIELD = {"ppo": "lr", "a2c": "lr", "trpo": "vf_lr"}
+
+
+class Hyper(struct.PyTreeNode):
+    """One lane's numeric settings (or, with a leading axis, many lanes').  ``None`` = the config's."""
+
+    labels: jax.Array  # int32 label budget
+    initial_queries: jax.Array  # int32 labels asked about the untrained policy's clips
+    new_queries: jax.Array  # int32 [iterations] labels asked after each iteration
+    mistake_rate: Any = None  # synthetic teacher: probability a strict label is flipped
+    error_rate: Any = None  # preference model: ε of the random-response error model
+    rm_learning_rate: Any = None  # reward-model Adam learning rate
+    agent_learning_rate: Any = None  # the agent's learning rate (PPO/A2C lr; TRPO's value-function lr)
+
+
+class TrainState(struct.PyTreeNode):
+    agent: Any
+    ensemble: Any
+    buffer: labels_lib.LabelBuffer
+    env_state: Any
+    obs: jax.Array
+    key: jax.Array
+    reward_scale: jax.Array  # (mean, std) of the true reward (baseline only)
+    queries: jax.Array  # int32 pairs asked
+    labels: jax.Array  # int32 labels answered and kept
+    episode_sums: jax.Array  # [N] running returns of the task's episodes
+
+
+def query_counts(parts: RunParts) -> tuple[int, np.ndarray]:
+    """The driver's label schedule as counts: (initial, new queries after each iteration)."""
+    if not parts.learn:
+        return 0, np.zeros(parts.num_iters, np.int32)
+    schedule = parts.schedule
+    asked = schedule.initial
+    new = np.zeros(parts.num_iters, np.int32)
+    for it in range(1, parts.num_iters + 1):
+        due = int(schedule.due(it * parts.steps_per_iter))
+        new[it - 1] = max(0, due - asked)
+        asked = max(asked, due)
+    return schedule.initial, new
+
+
+def _configured(config, hyper: Hyper):
+    """``config`` with the lane's traced settings in place of the compile-time ones."""
+    changes: dict[str, Any] = {}
+    ens, teacher = config.ensemble, config.teacher
+    if hyper.error_rate is not None or hyper.rm_learning_rate is not None:
+        ens = dataclasses.replace(ens, **{k: v for k, v in (("error_rate", hyper.error_rate),
+                                                             ("learning_rate", hyper.rm_learning_rate)) if v is not None})
+        changes["ensemble"] = ens
+    if hyper.mistake_rate is not None:
+        changes["teacher"] = dataclasses.replace(teacher, mistake_rate=hyper.mistake_rate)
+    if hyper.agent_learning_rate is not None:
+        from rlhp_jax import agents as agents_lib
+
+        agent_cfg = config.agent_config or agents_lib.default_config(config.agent, config.env)
+        changes["agent_config"] = dataclasses.replace(agent_cfg, **{AGENT_LR_FIELD[config.agent]:
+                                                                     hyper.agent_learning_rate})
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+class CompiledRun:
+    """A ``driver.RunConfig`` compiled end to end.  Build once; call ``train`` / ``train_lanes``.
+
+    ``progress(iteration, metrics)`` — if given — is called on the host once per iteration with
+    that iteration's metrics (arrays with a leading lane axis in ``train_lanes``).
+    """
+
+    def __init__(self, config, progress: Callable[[int, dict], None] | None = None):
+        if config.label_source != "synthetic":
+            raise ValueError("The compiled loop labels with the synthetic oracle only; people answer through the "
+                             "host driver (python -m experiments.classic --teacher human).")
+        self.config = config
+        self.parts = RunParts(config)  # the shapes; traced settings rebuild the parts inside the program
+        if not self.parts.can_evaluate:
+            raise ValueError(f"The compiled loop needs a pure-JAX environment (gymnax: CartPole-v1, Pendulum-v1, "
+                             f"Acrobot-v1, MountainCar-v0, the MinAtar games…); {config.env} is stepped by envpool "
+                             "outside the program. Use python -m experiments.atari / experiments.mujoco for it.")
+        self.num_iters = self.parts.num_iters
+        self.steps_per_iter = self.parts.steps_per_iter
+        initial, new = query_counts(self.parts)
+        self.max_initial = int(initial)
+        self.max_new = int(new.max()) if new.size else 0
+        self.progress = progress
+
+    # ------------------------------------------------------------------ settings
+    def hyper(self, labels: int | None = None, **values) -> Hyper:
+        """One lane's settings; unnamed ones stay the config's compile-time values."""
+        unknown = set(values) - set(SWEEPABLE)
+        if unknown:
+            raise ValueError(f"Cannot sweep {', '.join(sorted(unknown))}; sweepable settings: {', '.join(SWEEPABLE)}.")
+        cfg = self.config
+        budget = cfg.labels if labels is None else int(labels)
+        if not 1 <= budget <= cfg.labels:
+            raise ValueError(f"A label budget of {budget} does not fit this program: budgets must be between 1 and "
+                             f"the config's labels ({cfg.labels}), which sets the label set's size. Compile with the "
+                             "largest budget of the sweep.")
+        if budget != cfg.labels and cfg.pretrain_epochs is not None:
+            raise ValueError("pretrain_epochs ties the pretraining length to the budget; sweep labels with "
+                             "pretrain_steps instead.")
+        initial, new = query_counts(RunParts(dataclasses.replace(cfg, labels=budget)))
+        if initial > self.max_initial or (new.size and new.max() > max(self.max_new, 1) and
+                                          bucket(int(new.max())) > bucket(max(self.max_new, 1))):
+            raise ValueError(f"A budget of {budget} asks more queries at once than this program's largest batch.")
+        if "agent_learning_rate" in values and cfg.agent not in AGENT_LR_FIELD:
+            raise ValueError(f"agent {cfg.agent} has no learning rate to sweep")
+        f32 = {k: jnp.asarray(v, jnp.float32) for k, v in values.items() if k != "labels"}
+        return Hyper(labels=jnp.asarray(budget, jnp.int32), initial_queries=jnp.asarray(initial, jnp.int32),
+                     new_queries=jnp.asarray(new, jnp.int32), **f32)
+
+    def lanes(self, seeds, **grid) -> tuple[jax.Array, Hyper, list[dict]]:
+        """Every combination of ``seeds`` × the value lists in ``grid`` (e.g. ``labels=[50, 100]``):
+        returns (keys [L, 2], stacked Hyper [L], one dict per lane naming its seed and settings)."""
+        names = list(grid)
+        rows = [dict(seed=int(s)) for s in seeds]
+        for name in names:
+            rows = [dict(r, **{name: v}) for v in grid[name] for r in rows]
+        hypers = [self.hyper(**{k: v for k, v in r.items() if k != "seed"}) for r in rows]
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *hypers)
+        keys = jnp.stack([jax.random.PRNGKey(r["seed"]) for r in rows])
+        return keys, stacked, rows
+
+    # ------------------------------------------------------------------ one lane, pure
+    def _parts(self, hyper: Hyper) -> RunParts:
+        cfg = _configured(self.config, hyper)
+        return self.parts if cfg is self.config else RunParts(cfg)
+
+    def _ask(self, parts: RunParts, buffer, member_r, rollout, key, n, max_n: int):
+        """The driver's ``_query`` for a traced count ``n`` ≤ ``max_n``: the same chunks, each
+        compiled at the count's power-of-two size (one ``lax.switch`` branch per size)."""
+        labels = jnp.zeros((), jnp.int32)
+        if max_n <= 0:
+            return buffer, labels
+        top = min(bucket(max_n), MAX_QUERY_CHUNK)
+        sizes = [1 << i for i in range(top.bit_length())]  # 1, 2, 4, … top
+        for c in range(math.ceil(max_n / MAX_QUERY_CHUNK)):
+            key, k_c, k_t, k_a = jax.random.split(key, 4)
+            n_c = jnp.clip(n - c * MAX_QUERY_CHUNK, 0, MAX_QUERY_CHUNK)
+            branch = jnp.where(n_c == 0, 0, 1 + sum((n_c > s).astype(jnp.int32) for s in sizes[:-1]))
+
+            def asked(q):
+                def run(buffer):
+                    buffer, _, mask = parts.query_chunk(buffer, member_r, rollout, (k_c, k_t, k_a), n_c, q)
+                    return buffer, jnp.sum(mask.astype(jnp.int32))
+                return run
+
+            buffer, got = jax.lax.switch(branch, [lambda b: (b, jnp.zeros((), jnp.int32))] + [asked(q) for q in sizes],
+                                         buffer)
+            labels = labels + got
+        return buffer, labels
+
+    def init(self, key, hyper: Hyper) -> TrainState:
+        """The driver's start: agent, ensemble, environments, an empty label set; then the initial
+        labels on the untrained policy's clips and the reward model's pretraining."""
+        parts = self._parts(hyper)
+        key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
+        agent_state = parts.agent.init(k_agent)
+        ens_state = parts.ensemble.init(k_ens)
+        reward_scale = jnp.asarray((0.0, 1.0), jnp.float32)
+        if not parts.learn:
+            reward_scale = random_reward_stats(parts.env, k_scale)
+        env_state, obs = parts.env.reset(k_env)
+        state = TrainState(agent=agent_state, ensemble=ens_state,
+                           buffer=parts.ensemble.empty_buffer(parts.label_capacity, parts.seg_len),
+                           env_state=env_state, obs=obs, key=key, reward_scale=reward_scale,
+                           queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
+                           episode_sums=jnp.zeros((parts.env.num_envs,), jnp.float32))
+        if not parts.learn or self.max_initial == 0:
+            return state
+
+        def initial(state: TrainState) -> TrainState:
+            key, k_roll, k_q, k_fit = jax.random.split(state.key, 4)
+            env_state, obs, rollout, member_r = parts.rollout_only(state.agent, state.env_state, state.obs,
+                                                                   state.ensemble, k_roll)
+            buffer, got = self._ask(parts, state.buffer, member_r, rollout, k_q, hyper.initial_queries,
+                                    self.max_initial)
+            ens_state = state.ensemble
+            if parts.pretrain_steps > 0:
+                ens_state, _ = parts.ensemble.fit(ens_state, buffer, k_fit, parts.pretrain_steps)
+            return state.replace(env_state=env_state, obs=obs, key=key, buffer=buffer, ensemble=ens_state,
+                                 queries=hyper.initial_queries, labels=got)
+
+        return jax.lax.cond(hyper.initial_queries > 0, initial, lambda s: s, state)
+
+    def step(self, state: TrainState, hyper: Hyper, it) -> tuple[TrainState, dict]:
+        """Iteration ``it`` (1-based) of the driver's loop: act and update, ask the labels due, fit."""
+        parts, cfg = self._parts(hyper), self.config
+        nan = jnp.asarray(jnp.nan, jnp.float32)
+        key, k_it, k_q, k_fit, k_corr, k_eval = jax.random.split(state.key, 6)
+        agent_state, env_state, obs, rollout, rewards, member_r, agent_m = parts.iteration(
+            state.agent, state.env_state, state.obs, state.ensemble, state.reward_scale, k_it)
+        buffer, ens_state, queries, labels = state.buffer, state.ensemble, state.queries, state.labels
+        m = dict(rm_train_loss=nan, rm_l2=nan, reward_correlation=nan, val_accuracy=nan)
+        evaluate_now = (it % cfg.eval_every == 0) | (it == self.num_iters)
+        if parts.learn:
+            n = hyper.new_queries[it - 1]
+            buffer, got = self._ask(parts, buffer, member_r, rollout, k_q, n, self.max_new)
+            queries, labels = queries + n, labels + got
+            if parts.fit_steps > 0:
+                def fit(ens_state):
+                    ens_state, fit_m = parts.ensemble.fit(ens_state, buffer, k_fit, parts.fit_steps)
+                    return ens_state, jnp.nanmean(fit_m["train_loss"]), jnp.mean(ens_state.l2)
+
+                ens_state, m["rm_train_loss"], m["rm_l2"] = jax.lax.cond(
+                    labels > 0, fit, lambda e: (e, nan, nan), ens_state)
+            m["val_accuracy"] = jax.lax.cond(
+                evaluate_now, lambda: jnp.nanmean(parts.ensemble.evaluate(ens_state, buffer)["val_accuracy"]),
+                lambda: nan)
+            m["reward_correlation"] = parts.correlation(rollout, rewards, k_corr)
+        sums, episodes, total = finished_episodes(state.episode_sums, rollout.raw_reward,
+                                                  parts.episode_ends(rollout), rollout.valid)
+        horizon = parts.spec.horizon
+        m.update(
+            iteration=jnp.asarray(it, jnp.int32),
+            env_steps=jnp.asarray(it, jnp.int32) * self.steps_per_iter,
+            labels=labels, queries=queries,
+            true_return=jnp.mean(rollout.true_reward) * horizon,
+            predicted_return=jnp.mean(rewards) * horizon,
+            episodes=episodes,
+            episode_return=jnp.where(episodes > 0, total / jnp.maximum(episodes, 1), nan),
+            terminations=jnp.sum(rollout.terminated.astype(jnp.int32)),
+            policy_entropy=jnp.asarray(agent_m.get("entropy", nan), jnp.float32),
+            eval_return=jax.lax.cond(
+                evaluate_now, lambda: evaluate(parts.env, parts.agent, agent_state.params, k_eval,
+                                               cfg.eval_episodes, horizon).astype(jnp.float32), lambda: nan),
+        )
+        state = state.replace(agent=agent_state, ensemble=ens_state, buffer=buffer, env_state=env_state, obs=obs,
+                              key=key, queries=queries, labels=labels, episode_sums=sums)
+        return state, m
+
+    # ------------------------------------------------------------------ whole runs
+    def _report(self, it, metrics):
+        if self.progress is not None:
+            jax.debug.callback(self.progress, it, metrics)
+
+    def train_one(self, key, hyper: Hyper | None = None):
+        """One lane, pure and unjitted (``jax.vmap``-able over ``key`` and ``hyper``):
+        returns (final TrainState, metrics dict of [iterations] arrays)."""
+        hyper = self.hyper() if hyper is None else hyper
+        state = self.init(key, hyper)
+
+        def body(state, it):
+            state, m = self.step(state, hyper, it)
+            self._report(it, m)
+            return state, m
+
+        return jax.lax.scan(body, state, jnp.arange(1, self.num_iters + 1, dtype=jnp.int32))
+
+    def train(self, key, hyper: Hyper | None = None):
+        """``train_one`` compiled."""
+        return jax.jit(self.train_one)(key, self.hyper() if hyper is None else hyper)
+
+    def lanes_fn(self, mesh: Mesh | None = None):
+        """The pure many-lane program ``(keys [L], hypers [L]) -> (final states, metrics [L, iterations])``;
+        with ``mesh``, lanes run sharded over its ``"lanes"`` axis (and envs/members over theirs)."""
+        lanes_axis = "lanes" if mesh is not None and "lanes" in mesh.axis_names else None
+        shard = (lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(lanes_axis)))) \
+            if lanes_axis else (lambda x: x)
+
+        def run(keys, hypers):
+            states = jax.tree.map(shard, jax.vmap(self.init)(keys, hypers))
+
+            def body(states, it):
+                states, m = jax.vmap(self.step, in_axes=(0, 0, None))(states, hypers, it)
+                states = jax.tree.map(shard, states)
+                self._report(it, m)
+                return states, m
+
+            states, metrics = jax.lax.scan(body, states, jnp.arange(1, self.num_iters + 1, dtype=jnp.int32))
+            return states, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
+
+        return run
+
+    def train_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
+        """Run every lane at once (compiled): returns (final states [L], metrics [L, iterations])."""
+        fn = jax.jit(self.lanes_fn(mesh))
+        if mesh is not None and "lanes" in mesh.axis_names:
+            sharding = NamedSharding(mesh, P("lanes"))
+            lanes = keys.shape[0]
+            if lanes % mesh.shape["lanes"]:
+                raise ValueError(f"{lanes} lanes do not split evenly over {mesh.shape['lanes']} devices; "
+                                 f"use a multiple of {mesh.shape['lanes']} seeds × settings.")
+            keys, hypers = jax.device_put((keys, hypers), sharding)
+        return fn(keys, hypers)
+
+
+def train(key, config, hyper: Hyper | None = None, progress=None):
+    """Run ``config`` (a ``driver.RunConfig`` on a gymnax task) as one compiled program.
+
+    Returns (final ``TrainState``, metrics: dict of [iterations] arrays — env_steps, labels,
+    true_return, eval_return, reward_correlation, …)."""
+    return CompiledRun(config, progress=progress).train(key, hyper)
