@@ -26,8 +26,7 @@ What the host driver decides on the host becomes data here:
 ``train_lanes`` runs L lanes (seeds × settings) as a scan over iterations whose body is the
 vmapped step, so a progress callback sees every lane once per iteration.  With a ``mesh``, the
 lanes are sharded over its devices (``NamedSharding``; one device or many, one host or many —
-see ``rlhp_jax.distributed``), and, within a lane, the environments and the ensemble members
-can be sharded too (mesh axes ``"envs"`` and ``"members"``).
+see ``rlhp_jax.distributed``).
 
 Limits: the synthetic oracle only (people answer on their own time); pure-JAX environments only
 (envpool steps C++ emulators the program cannot carry); no checkpoints inside the program —
@@ -65,6 +64,19 @@ class Hyper(struct.PyTreeNode):
     error_rate: Any = None  # preference model: ε of the random-response error model
     rm_learning_rate: Any = None  # reward-model Adam learning rate
     agent_learning_rate: Any = None  # the agent's learning rate (PPO/A2C lr; TRPO's value-function lr)
+    # The fields that carry a leading lane axis (``CompiledRun.lanes``); the others are shared by
+    # every lane, so that, e.g., one label schedule stays one ``lax.switch`` branch, not all of them.
+    lane_fields: tuple = struct.field(pytree_node=False, default=())
+
+    def lane_axes(self) -> "Hyper":
+        """``vmap`` in_axes for these settings: 0 for the per-lane fields, None for shared ones."""
+        fields = [f.name for f in dataclasses.fields(self) if f.name != "lane_fields"]
+        return self.replace(**{f: (0 if f in self.lane_fields else None)
+                               for f in fields if getattr(self, f) is not None})
+
+    def lane(self, i: int) -> "Hyper":
+        """Lane ``i``'s own settings (no lane axis)."""
+        return self.replace(lane_fields=(), **{f: getattr(self, f)[i] for f in self.lane_fields})
 
 
 class TrainState(struct.PyTreeNode):
@@ -124,12 +136,14 @@ class CompiledRun:
         if config.label_source != "synthetic":
             raise ValueError("The compiled loop labels with the synthetic oracle only; people answer through the "
                              "host driver (python -m experiments.classic --teacher human).")
+        from rlhp_jax.envs import gymnax_envs
+
+        if config.env not in gymnax_envs():
+            raise ValueError(f"The compiled loop needs a pure-JAX environment ({', '.join(gymnax_envs())}); "
+                             f"{config.env!r} is not one (Atari and MuJoCo step in envpool, outside the program: "
+                             "use python -m experiments.atari / experiments.mujoco for them).")
         self.config = config
         self.parts = RunParts(config)  # the shapes; traced settings rebuild the parts inside the program
-        if not self.parts.can_evaluate:
-            raise ValueError(f"The compiled loop needs a pure-JAX environment (gymnax: CartPole-v1, Pendulum-v1, "
-                             f"Acrobot-v1, MountainCar-v0, the MinAtar games…); {config.env} is stepped by envpool "
-                             "outside the program. Use python -m experiments.atari / experiments.mujoco for it.")
         self.num_iters = self.parts.num_iters
         self.steps_per_iter = self.parts.steps_per_iter
         initial, new = query_counts(self.parts)
@@ -170,9 +184,15 @@ class CompiledRun:
         for name in names:
             rows = [dict(r, **{name: v}) for v in grid[name] for r in rows]
         hypers = [self.hyper(**{k: v for k, v in r.items() if k != "seed"}) for r in rows]
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *hypers)
+        schedule = ("labels", "initial_queries", "new_queries")
+        varies = {f for f in names if f != "labels"} | (set(schedule) if "labels" in names else set())
+        merged = {}
+        for f in (f.name for f in dataclasses.fields(Hyper) if f.name != "lane_fields"):
+            values = [getattr(h, f) for h in hypers]
+            if values[0] is not None:
+                merged[f] = jnp.stack(values) if f in varies else values[0]
         keys = jnp.stack([jax.random.PRNGKey(r["seed"]) for r in rows])
-        return keys, stacked, rows
+        return keys, Hyper(lane_fields=tuple(sorted(varies)), **merged), rows
 
     # ------------------------------------------------------------------ one lane, pure
     def _parts(self, hyper: Hyper) -> RunParts:
@@ -204,8 +224,12 @@ class CompiledRun:
         return buffer, labels
 
     def init(self, key, hyper: Hyper) -> TrainState:
-        """The driver's start: agent, ensemble, environments, an empty label set; then the initial
-        labels on the untrained policy's clips and the reward model's pretraining."""
+        """The driver's start: agent, ensemble, environments, an empty label set (``fresh``); then the
+        initial labels on the untrained policy's clips and the reward model's pretraining (``initial``)."""
+        return self.initial(self.fresh(key, hyper), hyper)
+
+    def fresh(self, key, hyper: Hyper) -> TrainState:
+        """New agent, ensemble and environments and an empty label set."""
         parts = self._parts(hyper)
         key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
         agent_state = parts.agent.init(k_agent)
@@ -214,11 +238,15 @@ class CompiledRun:
         if not parts.learn:
             reward_scale = random_reward_stats(parts.env, k_scale)
         env_state, obs = parts.env.reset(k_env)
-        state = TrainState(agent=agent_state, ensemble=ens_state,
-                           buffer=parts.ensemble.empty_buffer(parts.label_capacity, parts.seg_len),
-                           env_state=env_state, obs=obs, key=key, reward_scale=reward_scale,
-                           queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
-                           episode_sums=jnp.zeros((parts.env.num_envs,), jnp.float32))
+        return TrainState(agent=agent_state, ensemble=ens_state,
+                          buffer=parts.ensemble.empty_buffer(parts.label_capacity, parts.seg_len),
+                          env_state=env_state, obs=obs, key=key, reward_scale=reward_scale,
+                          queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
+                          episode_sums=jnp.zeros((parts.env.num_envs,), jnp.float32))
+
+    def initial(self, state: TrainState, hyper: Hyper) -> TrainState:
+        """Labels on the untrained policy's clips, then the reward model's pretraining."""
+        parts = self._parts(hyper)
         if not parts.learn or self.max_initial == 0:
             return state
 
@@ -306,16 +334,19 @@ class CompiledRun:
 
     def lanes_fn(self, mesh: Mesh | None = None):
         """The pure many-lane program ``(keys [L], hypers [L]) -> (final states, metrics [L, iterations])``;
-        with ``mesh``, lanes run sharded over its ``"lanes"`` axis (and envs/members over theirs)."""
-        lanes_axis = "lanes" if mesh is not None and "lanes" in mesh.axis_names else None
-        shard = (lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(lanes_axis)))) \
-            if lanes_axis else (lambda x: x)
+        with ``mesh``, the lanes are kept split over its ``"lanes"`` axis."""
+        shard = (lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("lanes")))) \
+            if mesh is not None else (lambda x: x)
 
         def run(keys, hypers):
-            states = jax.tree.map(shard, jax.vmap(self.init)(keys, hypers))
+            axes = hypers.lane_axes()
+            # Fresh parameters lane after lane: the orthogonal initializer's QR, batched by vmap, can
+            # deadlock jaxlib's CPU LAPACK thread pool (BUILD_NOTES); one lane at a time it cannot.
+            states = jax.lax.map(lambda i: self.fresh(keys[i], hypers.lane(i)), jnp.arange(keys.shape[0]))
+            states = jax.tree.map(shard, jax.vmap(self.initial, in_axes=(0, axes))(states, hypers))
 
             def body(states, it):
-                states, m = jax.vmap(self.step, in_axes=(0, 0, None))(states, hypers, it)
+                states, m = jax.vmap(self.step, in_axes=(0, axes, None))(states, hypers, it)
                 states = jax.tree.map(shard, states)
                 self._report(it, m)
                 return states, m
@@ -326,15 +357,20 @@ class CompiledRun:
         return run
 
     def train_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
-        """Run every lane at once (compiled): returns (final states [L], metrics [L, iterations])."""
+        """Run every lane at once (compiled): returns (final states [L], metrics [L, iterations]).
+
+        With ``mesh`` (``rlhp_jax.distributed.lane_mesh``) the lanes are split over its devices —
+        on one host or several; read the results with ``distributed.gather``."""
         fn = jax.jit(self.lanes_fn(mesh))
-        if mesh is not None and "lanes" in mesh.axis_names:
-            sharding = NamedSharding(mesh, P("lanes"))
-            lanes = keys.shape[0]
-            if lanes % mesh.shape["lanes"]:
-                raise ValueError(f"{lanes} lanes do not split evenly over {mesh.shape['lanes']} devices; "
-                                 f"use a multiple of {mesh.shape['lanes']} seeds × settings.")
-            keys, hypers = jax.device_put((keys, hypers), sharding)
+        if mesh is not None:
+            from rlhp_jax.distributed import global_lanes
+
+            lanes, devices = keys.shape[0], mesh.shape["lanes"]
+            if lanes % devices:
+                raise ValueError(f"{lanes} lanes do not split evenly over {devices} devices; "
+                                 f"use a multiple of {devices} seeds × settings.")
+            keys = global_lanes(keys, mesh)
+            hypers = global_lanes(hypers, mesh, hypers.lane_axes())
         return fn(keys, hypers)
 
 

@@ -284,3 +284,39 @@ def _finite_numbers(row: dict, prefix: str = ""):
             value = value.item()
         if isinstance(value, (int, float)) and math.isfinite(value):
             yield tag, float(value)
+
+
+SWEEP_PANELS = (("eval_return", "evaluation return (unmodified task)"),
+                ("true_return", "oracle's return per horizon (training)"),
+                ("reward_correlation", "corr(r̂, true) over segments"))
+
+
+def plot_sweep(groups: dict[str, dict[str, np.ndarray]], steps: np.ndarray, path: str | os.PathLike,
+               title: str = "") -> Path:
+    """Mean ± std over seeds per setting (``groups``: label -> {metric: [seeds, iterations]}),
+    each seed a thin line behind its band; one panel per metric of ``SWEEP_PANELS``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SWEEP_PANELS), figsize=(5 * len(SWEEP_PANELS), 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, label) in zip(axes, SWEEP_PANELS):
+        for i, (name, metrics) in enumerate(groups.items()):
+            y = np.asarray(metrics[key], np.float64)  # [seeds, iterations]
+            ok = np.isfinite(y).any(axis=0)
+            if not ok.any():
+                continue
+            color = colors[i % len(colors)]
+            for row in y:
+                ax.plot(steps[ok], row[ok], color=color, alpha=0.15, linewidth=0.7)
+            with np.errstate(invalid="ignore"):
+                mean, std = np.nanmean(y[:, ok], axis=0), np.nanstd(y[:, ok], axis=0)
+            ax.plot(steps[ok], mean, color=color, label=f"{name} ({y.shape[0]} seeds)")
+            ax.fill_between(steps[ok], mean - std, mean + std, color=color, alpha=0.25)
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _save_figure(fig, axes, title, path)

@@ -1,0 +1,81 @@
+"""Runs the test lanes of ``tests/test_compiled.py`` in a process of its own, where the device count
+can be chosen (XLA flags must be set before JAX starts), and saves what the tests compare.
+
+    python tests/lanes_check.py reference OUT.npz     # 8 CPU devices: lanes unsharded, then sharded over 8
+    python tests/lanes_check.py host I N PORT OUT.npz # process I of N (2 CPU devices each), lanes over all
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import numpy as np
+
+LANES = dict(seeds=[0, 1], labels=[12, 8], mistake_rate=[0.0, 0.25])  # 8 lanes
+
+
+def test_config():
+    from rlhp_jax.agents.ppo import PPOConfig
+    from rlhp_jax.driver import RunConfig
+
+    agent = PPOConfig(num_envs=4, num_steps=64, update_epochs=2, num_minibatches=2)
+    return RunConfig(env="CartPole-v1", total_steps=2 * 256, labels=12, segment_length=10, agent_config=agent,
+                     pretrain_steps=10, fit_steps=5, eval_every=2, eval_episodes=2, correlation_segments=32,
+                     out="unused")
+
+
+def lanes(program):
+    grid = dict(LANES)
+    return program.lanes(grid.pop("seeds"), **grid)
+
+
+def outcome(finals, metrics) -> dict:
+    """What the tests compare, as NumPy: labels, their clips, reward-model parameters, metrics."""
+    import jax
+
+    from rlhp_jax.distributed import gather
+
+    finals, metrics = gather((finals, metrics))
+    params = jax.tree.leaves(finals.ensemble.params)
+    out = dict(mu=finals.buffer.mu, obs=finals.buffer.obs, filled=finals.buffer.filled, labels=finals.labels,
+               **{f"param{i}": p for i, p in enumerate(params)}, **{f"m_{k}": v for k, v in metrics.items()})
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def main(argv):
+    mode = argv[0]
+    devices = 8 if mode == "reference" else 2
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    import jax
+
+    if mode == "host":
+        from rlhp_jax.distributed import initialize
+
+        process, count, port = int(argv[1]), int(argv[2]), int(argv[3])
+        initialize(f"127.0.0.1:{port}", count, process)
+    from rlhp_jax.compiled import CompiledRun
+    from rlhp_jax.distributed import lane_mesh
+
+    program = CompiledRun(test_config())
+    keys, hypers, rows = lanes(program)
+    if mode == "reference":
+        assert len(jax.devices()) == 8, jax.devices()
+        plain = outcome(*program.train_lanes(keys, hypers))
+        sharded_out = program.train_lanes(keys, hypers, mesh=lane_mesh())
+        shards = {str(s.device) for s in sharded_out[1]["labels"].addressable_shards}
+        sharded = outcome(*sharded_out)
+        np.savez(argv[1], **{f"plain_{k}": v for k, v in plain.items()}, **{f"sharded_{k}": v for k, v in sharded.items()},
+                 devices_used=np.asarray(len(shards)))
+    else:
+        assert jax.process_count() == count and len(jax.devices()) == 2 * count, jax.devices()
+        result = outcome(*program.train_lanes(keys, hypers, mesh=lane_mesh()))
+        if jax.process_index() == 0:
+            np.savez(argv[4], **result, processes=np.asarray(jax.process_count()),
+                     devices=np.asarray(len(jax.devices())))
+    print("ok", mode, dataclasses.asdict(program.config)["env"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,161 @@
+"""The compiled loop (rlhp_jax.compiled): the driver's algorithm, vmapped lanes, devices and hosts.
+
+Multi-device runs happen in child processes (the device count is fixed when JAX starts):
+``tests/lanes_check.py`` runs the same 8 lanes (2 seeds × 2 label budgets × 2 teacher mistake
+rates) unsharded and sharded over 8 CPU devices, and over 2 processes × 2 devices on loopback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rlhp_jax.compiled import CompiledRun
+from rlhp_jax.driver import PreferenceRun
+import lanes_check
+
+ROOT = Path(__file__).resolve().parents[1]
+# Batching or sharding changes float rounding; Adam turns that noise in near-zero gradients into steps
+# of up to ±lr (3e-4), so parameters of the same run may differ by a few steps' worth.  The labels
+# (which pairs were chosen and how they were answered) must be identical.
+ADAM_TOLERANCE = 3e-3
+CHILD_ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+
+
+def _child(*args, timeout=600):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "lanes_check.py"), *map(str, args)], cwd=ROOT,
+                            env=CHILD_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc
+
+
+def _finish(proc, timeout=600):
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+
+
+@pytest.fixture(scope="module")
+def program():
+    return CompiledRun(lanes_check.test_config())
+
+
+@pytest.fixture(scope="module")
+def train_one(program):
+    return jax.jit(program.train_one)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The 8 lanes unsharded and sharded over 8 CPU devices (one child process)."""
+    path = tmp_path_factory.mktemp("lanes") / "reference.npz"
+    _finish(_child("reference", path))
+    return dict(np.load(path))
+
+
+def _params(state):
+    return [np.asarray(p) for p in jax.tree.leaves(state.ensemble.params)]
+
+
+def test_compiled_loop_is_the_driver(program, train_one, tmp_path):
+    cfg = dataclasses.replace(program.config, out=str(tmp_path / "driver"))
+    run = PreferenceRun(cfg, progress=False, log=lambda s: None)
+    run.run()
+    final, metrics = train_one(jax.random.PRNGKey(cfg.seed), program.hyper())
+    driver = run.final["buffer"]
+    assert int(final.labels) == cfg.labels == int(np.asarray(driver.filled).sum())
+    np.testing.assert_array_equal(np.asarray(final.buffer.mu), np.asarray(driver.mu))
+    np.testing.assert_array_equal(np.asarray(final.buffer.obs), np.asarray(driver.obs))
+    for a, b in zip(_params(final), [np.asarray(p) for p in jax.tree.leaves(run.final["ens_state"].params)]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    rows = [json.loads(line) for line in open(tmp_path / "driver" / "metrics.jsonl")]
+    assert [r["labels"] for r in rows] == np.asarray(metrics["labels"]).tolist()
+    assert [r["env_steps"] for r in rows] == np.asarray(metrics["env_steps"]).tolist()
+    np.testing.assert_allclose([r["true_return"] for r in rows], metrics["true_return"], rtol=1e-5)
+
+
+def test_lanes_equal_each_run_alone(program, train_one, reference):
+    """vmap over seeds and label budgets: every lane (teacher without mistakes) is the single run."""
+    keys, hypers, rows = lanes_check.lanes(program)
+    assert len(rows) == 8 and reference["plain_labels"].tolist() == [r["labels"] for r in rows]
+    checked = 0
+    for i, row in enumerate(rows):
+        if row["mistake_rate"] != 0.0:
+            continue
+        final, _ = train_one(keys[i], program.hyper(labels=row["labels"]))
+        np.testing.assert_array_equal(np.asarray(final.buffer.mu), reference["plain_mu"][i])
+        np.testing.assert_array_equal(np.asarray(final.buffer.obs), reference["plain_obs"][i])
+        for j, p in enumerate(_params(final)):  # Adam turns float noise in near-zero gradients into ±lr steps
+            np.testing.assert_allclose(p, reference[f"plain_param{j}"][i], rtol=1e-2, atol=ADAM_TOLERANCE)
+        checked += 1
+    assert checked == 4
+    # the swept mistake rate reaches the teacher: the same first clips (the untrained policy's), labels flipped
+    mu = reference["plain_mu"]
+    np.testing.assert_array_equal(reference["plain_obs"][:4, :2], reference["plain_obs"][4:, :2])
+    assert (mu[:4] != mu[4:]).any()
+
+
+def _same_run(reference, prefix):
+    for name in ("mu", "obs", "filled", "labels", "m_labels", "m_eval_return", "m_true_return"):
+        np.testing.assert_array_equal(reference[f"{prefix}_{name}"] if prefix else reference[name],
+                                      reference[f"plain_{name}"], err_msg=name)
+    j = 0
+    while f"plain_param{j}" in reference:
+        got = reference[f"{prefix}_param{j}"] if prefix else reference[f"param{j}"]
+        np.testing.assert_allclose(got, reference[f"plain_param{j}"], rtol=1e-2, atol=ADAM_TOLERANCE)
+        j += 1
+
+
+def test_sharded_over_8_devices_equals_unsharded(reference):
+    assert int(reference["devices_used"]) == 8
+    _same_run(reference, "sharded")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_on_loopback_equal_one(reference, tmp_path):
+    out, port = tmp_path / "multihost.npz", _free_port()
+    procs = [_child("host", i, 2, port, out) for i in range(2)]
+    for p in procs:
+        _finish(p)
+    got = dict(np.load(out))
+    assert int(got["processes"]) == 2 and int(got["devices"]) == 4
+    _same_run({**reference, **{f"hosts_{k}": v for k, v in got.items()}}, "hosts")
+
+
+def test_bad_input_is_refused(program):
+    from rlhp_jax.driver import RunConfig
+
+    with pytest.raises(ValueError, match="pure-JAX"):
+        CompiledRun(RunConfig(env="Pong", agent="a2c"))
+    with pytest.raises(ValueError, match="synthetic oracle"):
+        CompiledRun(dataclasses.replace(program.config, label_source="human"))
+    with pytest.raises(ValueError, match="between 1 and"):
+        program.hyper(labels=program.config.labels + 1)
+    with pytest.raises(ValueError, match="Cannot sweep"):
+        program.hyper(batch_size=3)
+
+
+def test_sweep_learns_cartpole(tmp_path):
+    """Two seeds of the compiled loop from preferences (the README's CartPole settings, 40k steps)."""
+    from experiments import sweep
+
+    out = tmp_path / "sweep"
+    summary = sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(out),
+                         "--no-progress"])
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert {r["seed"] for r in rows} == {0, 1} and (out / "curves.png").stat().st_size > 10_000
+    best = [max(r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None) for s in (0, 1)]
+    assert min(best) >= 250, best  # a random policy scores ~20
+    assert summary["settings"][0]["seeds"] == 2 and rows[-1]["labels"] == 200
