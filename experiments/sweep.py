@@ -1,0 +1,237 @@
+"""Many seeds (and settings) of the whole preference-learning loop at once, compiled (gymnax tasks).
+
+    python -m experiments.sweep --env Breakout-MinAtar --seeds 32
+    python -m experiments.sweep --env CartPole-v1 --seeds 8 --sweep-labels 50 100 200
+    python -m experiments.sweep --env CartPole-v1 --seeds 8 --mistake-rates 0 0.1 0.3 --members 1 3
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.sweep --seeds 16   # 8 CPU devices
+
+Every run is the host driver's algorithm (``python -m experiments.classic`` with the same flags:
+any of its options, e.g. ``--ablation random_queries`` or ``--segment-length 10``, passes through),
+compiled into one program that runs every seed × setting as a lane (``rlhp_jax.compiled``) and
+splits the lanes over every device it sees (``rlhp_jax.distributed``; several hosts with
+``--coordinator``).  The grid flags take one value per point; ``--members`` (the ensemble size)
+changes shapes, so each value is its own program.
+
+Writes to ``--out``: ``metrics.jsonl`` and ``metrics.csv`` (one row per lane per iteration — the
+per-seed curves — with the lane's seed and settings), ``curves.png`` (mean ± std over seeds per
+setting, every seed behind it), ``summary.json`` (final and best evaluation return per setting,
+mean ± std over seeds, and the timings), and ``config.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+GRID_FLAGS = {  # flag -> Hyper field
+    "sweep_labels": "labels",
+    "mistake_rates": "mistake_rate",
+    "error_rates": "error_rate",
+    "rm_lrs": "rm_learning_rate",
+    "agent_lrs": "agent_learning_rate",
+}
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=8, help="seeds per setting (default 8)")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--sweep-labels", type=int, nargs="+", help="label budgets (the largest sets the program's shapes)")
+    p.add_argument("--mistake-rates", type=float, nargs="+", help="synthetic teacher's mistake rates")
+    p.add_argument("--error-rates", type=float, nargs="+", help="ε of the preference model's error model (A: 0.1)")
+    p.add_argument("--rm-lrs", type=float, nargs="+", help="reward-model learning rates")
+    p.add_argument("--agent-lrs", type=float, nargs="+", help="agent learning rates")
+    p.add_argument("--members", type=int, nargs="+", help="ensemble sizes (one program each)")
+    p.add_argument("--devices", type=int, default=None, help="devices to split lanes over (default: all)")
+    p.add_argument("--coordinator", help="HOST:PORT of process 0, for a run over several hosts")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+    p.add_argument("--out", default=None, help="output directory (default runs/sweep/<env>)")
+    p.add_argument("--no-progress", action="store_true")
+    args, rest = p.parse_known_args(argv)
+    return p, args, rest
+
+
+def base_config(rest: list[str], labels_needed: int | None):
+    """The RunConfig ``python -m experiments.classic`` would build from the same flags."""
+    from experiments.classic import DOMAIN
+    from experiments.cli import build_parser, config_from_args
+
+    cargs = build_parser(DOMAIN).parse_args(rest)
+    if cargs.teacher == "human":
+        raise ValueError("A sweep labels with the synthetic oracle; people label through python -m experiments.classic.")
+    if cargs.agent == "dqfd":
+        raise ValueError("The compiled loop runs Christiano's loop (ppo, a2c, trpo); DQfD runs through "
+                         "python -m experiments.classic --agent dqfd.")
+    if labels_needed is not None:
+        cargs.labels = labels_needed if cargs.labels is None else max(cargs.labels, labels_needed)
+    return config_from_args(cargs, DOMAIN)
+
+
+class Progress:
+    """A tqdm bar over iterations fed by the program's host callback (every lane at once)."""
+
+    def __init__(self, total_steps: int, steps_per_iter: int, desc: str, enabled: bool):
+        self.bar, self.enabled = None, enabled
+        self.total_steps, self.steps_per_iter, self.desc = total_steps, steps_per_iter, desc
+
+    def start(self):
+        """After compiling, so the rate and the ETA are the run's."""
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total_steps, unit="step", unit_scale=True, dynamic_ncols=True, desc=self.desc)
+
+    def __call__(self, it, metrics):
+        if self.bar is None:
+            return
+        self.bar.update(self.steps_per_iter)
+        post = {"labels": int(np.max(metrics["labels"]))}
+        ev = np.asarray(metrics["eval_return"], np.float64)
+        if np.isfinite(ev).any():
+            post["eval"] = f"{np.nanmean(ev):.1f}±{np.nanstd(ev):.1f}"
+        else:
+            post["true"] = f"{np.mean(metrics['true_return']):.1f}"
+        self.bar.set_postfix(post)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(argv=None) -> dict:
+    parser, args, rest = parse(argv)
+    if args.coordinator or args.num_processes:
+        from rlhp_jax.distributed import initialize
+
+        initialize(args.coordinator, args.num_processes, args.process_id)
+    import jax
+
+    from rlhp_jax.compiled import CompiledRun
+    from rlhp_jax.distributed import gather, lane_mesh
+    from rlhp_jax.driver import config_to_json
+    from rlhp_jax.metrics import MetricsWriter, plot_sweep
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    grid = {field: getattr(args, flag) for flag, field in GRID_FLAGS.items() if getattr(args, flag)}
+    base = base_config(rest, max(grid["labels"]) if "labels" in grid else None)
+    out = Path(args.out or f"runs/sweep/{base.env}")
+    main_process = jax.process_index() == 0
+    if main_process:
+        if (out / "summary.json").exists():
+            raise ValueError(f"{out} already holds a sweep; choose another --out.")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dict(config_to_json(base), sweep=vars(args)), indent=2))
+    mesh = lane_mesh(args.devices) if (args.devices or len(jax.devices()) > 1) else None
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    writer = MetricsWriter(out / "metrics.jsonl") if main_process else None
+    groups, summary_rows, timings = {}, [], []
+    for members in args.members or [base.ensemble.num_members]:
+        cfg = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, num_members=members))
+        program = CompiledRun(cfg)
+        keys, hypers, lanes = program.lanes(seeds, **grid)
+        if mesh is not None and len(lanes) % mesh.shape["lanes"]:
+            raise ValueError(f"{len(lanes)} lanes (seeds × settings) do not split over {mesh.shape['lanes']} devices: "
+                             f"use --seeds so that the count is a multiple of {mesh.shape['lanes']}, or --devices.")
+        progress = Progress(program.num_iters * program.steps_per_iter, program.steps_per_iter,
+                            f"{cfg.env} {len(lanes)} lanes" + (f", {members} members" if args.members else ""),
+                            enabled=main_process and not args.no_progress)
+        program.progress = progress
+        t0 = time.perf_counter()
+        compiled = jax.jit(program.lanes_fn(mesh))
+        if mesh is not None:
+            from rlhp_jax.distributed import global_lanes
+
+            keys, hypers = global_lanes(keys, mesh), global_lanes(hypers, mesh, hypers.lane_axes())
+        compiled = compiled.lower(keys, hypers).compile()
+        t1 = time.perf_counter()
+        progress.start()
+        _, metrics = compiled(keys, hypers)
+        metrics = gather(metrics)
+        t2 = time.perf_counter()
+        progress.close()
+        steps = program.num_iters * program.steps_per_iter
+        timings.append(dict(members=members, lanes=len(lanes), compile_s=t1 - t0, run_s=t2 - t1,
+                            lane_steps_per_s=len(lanes) * steps / (t2 - t1), devices=mesh.size if mesh else 1))
+        for i, lane in enumerate(lanes):
+            if args.members:
+                lane["members"] = members
+            for j in range(program.num_iters):
+                row = dict(lane, **{k: _value(v[i, j]) for k, v in metrics.items()})
+                if writer:
+                    writer.write(row)
+        settings = sorted({tuple((k, v) for k, v in lane.items() if k != "seed") for lane in lanes})
+        for setting in settings:
+            idx = [i for i, lane in enumerate(lanes) if all(lane.get(k) == v for k, v in setting)]
+            name = ", ".join(f"{k} {v}" for k, v in setting) or f"{cfg.labels} labels"
+            groups[name] = {k: np.asarray(v)[idx] for k, v in metrics.items()}
+            final, best = _final_and_best(groups[name]["eval_return"])
+            summary_rows.append(dict(setting=dict(setting), seeds=len(idx), final_eval_mean=_mean(final),
+                                     final_eval_std=_std(final), best_eval_mean=_mean(best), best_eval_std=_std(best),
+                                     final_true_return_mean=_mean(groups[name]["true_return"][:, -1]),
+                                     final_reward_correlation_mean=_mean(groups[name]["reward_correlation"][:, -1])))
+        env_steps = np.asarray(metrics["env_steps"][0])
+    summary = dict(env=base.env, agent=base.agent, seeds=list(seeds), env_steps=int(env_steps[-1]),
+                   settings=summary_rows, timings=timings, backend=jax.default_backend(),
+                   devices=len(jax.devices()), processes=jax.process_count())
+    if main_process:
+        writer.close()
+        plot_sweep(groups, env_steps, out / "curves.png",
+                   title=f"{base.env} — {base.agent.upper()} from preferences, {args.seeds} seeds per setting")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        for r in summary_rows:
+            name = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "config"
+            print(f"{name}: final eval {_pm(r['final_eval_mean'], r['final_eval_std'])} "
+                  f"(best {_pm(r['best_eval_mean'], r['best_eval_std'])}) over {r['seeds']} seeds")
+        for t in timings:
+            print(f"{t['lanes']} lanes on {t['devices']} device(s): compile {t['compile_s']:.1f} s, "
+                  f"run {t['run_s']:.1f} s, {t['lane_steps_per_s']:,.0f} lane·steps/s")
+        print(f"wrote {out}/metrics.jsonl, curves.png, summary.json")
+    return summary
+
+
+def _pm(mean, std) -> str:
+    return "n/a" if mean is None else f"{mean:.1f} ± {std:.1f}"
+
+
+def _value(x):
+    x = np.asarray(x).item()
+    return None if isinstance(x, float) and not np.isfinite(x) else x
+
+
+def _final_and_best(evals: np.ndarray):
+    """Per seed: the last finite evaluation and the best one."""
+    final = np.array([row[np.isfinite(row)][-1] if np.isfinite(row).any() else np.nan for row in evals])
+    best = np.array([np.nanmax(row) if np.isfinite(row).any() else np.nan for row in evals])
+    return final, best
+
+
+def _mean(x):
+    x = np.asarray(x, np.float64)
+    return float(np.nanmean(x)) if np.isfinite(x).any() else None
+
+
+def _std(x):
+    x = np.asarray(x, np.float64)
+    return float(np.nanstd(x)) if np.isfinite(x).any() else None
+
+
+def main(argv=None) -> int:
+    try:
+        run(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
