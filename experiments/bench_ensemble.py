@@ -14,7 +14,7 @@ import json
 import time
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.labels import SegmentPairs, add_labels
@@ -28,38 +28,46 @@ SPECS = {
 }
 
 
-def bench(kind: str, members: int, mode: str, steps: int, fit_loop: str = "auto", capacity: int = 64) -> dict:
-    spec, seg_len, batch = SPECS[kind]
+def bench(kind: str, members: int, mode: str, steps: int, fit_loop: str = "auto", capacity: int = 64,
+          batch: int | None = None, segment_length: int | None = None, repeats: int = 1) -> dict:
+    """Time ``steps`` steps of ``fitter()`` for one setting: best of ``repeats`` calls after a first
+    call that compiles.  ``batch`` (pairs per member per step) and ``segment_length`` default to
+    the setting of ``SPECS``; ``capacity`` is the size of the (full) label buffer."""
+    spec, seg_len, default_batch = SPECS[kind]
+    seg_len = segment_length or seg_len
+    batch = batch or default_batch
     cfg = EnsembleConfig(num_members=members, member_axis=mode, fit_loop=fit_loop, batch_size=batch,
                          input_noise=0.1 if kind == "cnn" else 0.0)
     ens = RewardEnsemble(spec, cfg)
     key = jax.random.PRNGKey(0)
-    k1, k2, k3 = jax.random.split(key, 3)
-    obs_dtype = jnp.uint8 if kind == "cnn" else jnp.float32
+    rng = np.random.default_rng(0)  # random clips built on the host: no XLA compilation per op
     if kind == "cnn":
-        obs = jax.random.randint(k1, (capacity, 2, seg_len, *spec.obs_shape), 0, 255).astype(obs_dtype)
-        act = jnp.zeros((capacity, 2, seg_len), jnp.int32)
+        obs = rng.integers(0, 255, (capacity, 2, seg_len, *spec.obs_shape), dtype=np.uint8)
+        act = np.zeros((capacity, 2, seg_len), np.int32)
     else:
-        obs = jax.random.normal(k1, (capacity, 2, seg_len, *spec.obs_shape))
-        act = jax.random.normal(k2, (capacity, 2, seg_len, *spec.action_shape))
-    pairs = SegmentPairs(obs, act, jnp.zeros((capacity, 2, seg_len)))
-    mu = (jax.random.uniform(k3, (capacity,)) > 0.5).astype(jnp.float32)
-    buf = add_labels(ens.empty_buffer(capacity, seg_len), key, pairs, mu)
-    state = ens.init(key)
+        obs = rng.normal(size=(capacity, 2, seg_len, *spec.obs_shape)).astype(np.float32)
+        act = rng.normal(size=(capacity, 2, seg_len, *spec.action_shape)).astype(np.float32)
+    pairs = SegmentPairs(obs, act, np.zeros((capacity, 2, seg_len), np.float32))
+    mu = (rng.uniform(size=capacity) > 0.5).astype(np.float32)
+    # setup, not timed: jitted, since eager op-by-op dispatch compiles every op on its own
+    buf = jax.jit(add_labels)(ens.empty_buffer(capacity, seg_len), key, pairs, mu)
+    state = jax.jit(ens.init)(key)
 
     fit = ens.fitter()  # as the driver runs it: one scan, or a host loop over the compiled step
     t0 = time.perf_counter()
     out = fit(state, buf, key, steps)
     jax.block_until_ready(out)
     first_s = time.perf_counter() - t0  # compile + one run
-    t0 = time.perf_counter()
-    out = fit(out[0], buf, jax.random.PRNGKey(1), steps)
-    jax.block_until_ready(out)
-    dt = time.perf_counter() - t0
+    dt = float("inf")
+    for i in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        out = fit(out[0], buf, jax.random.PRNGKey(1 + i), steps)
+        jax.block_until_ready(out)
+        dt = min(dt, time.perf_counter() - t0)
     return dict(model=kind, members=members, member_axis=mode, backend=jax.default_backend(),
                 device=str(jax.devices()[0].device_kind), steps_per_s=steps / dt,
                 pairs_per_s=steps * batch * members / dt, fit_loop=ens.fit_loop(), first_call_s=first_s, batch_pairs=batch,
-                segment_length=seg_len)
+                segment_length=seg_len, steps=steps, seconds=dt, capacity=capacity)
 
 
 def main(argv=None):
