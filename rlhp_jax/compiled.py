@@ -106,6 +106,13 @@ def query_counts(parts: RunParts) -> tuple[int, np.ndarray]:
     return schedule.initial, new
 
 
+def _room(max_n: int) -> int:
+    """The most queries ``CompiledRun._ask`` compiled for ``max_n`` can take at once."""
+    if max_n <= 0:
+        return 0
+    return math.ceil(max_n / MAX_QUERY_CHUNK) * MAX_QUERY_CHUNK if max_n > MAX_QUERY_CHUNK else bucket(max_n)
+
+
 def _configured(config, hyper: Hyper):
     """``config`` with the lane's traced settings in place of the compile-time ones."""
     changes: dict[str, Any] = {}
@@ -167,9 +174,9 @@ class CompiledRun:
             raise ValueError("pretrain_epochs ties the pretraining length to the budget; sweep labels with "
                              "pretrain_steps instead.")
         initial, new = query_counts(RunParts(dataclasses.replace(cfg, labels=budget)))
-        if initial > self.max_initial or (new.size and new.max() > max(self.max_new, 1) and
-                                          bucket(int(new.max())) > bucket(max(self.max_new, 1))):
-            raise ValueError(f"A budget of {budget} asks more queries at once than this program's largest batch.")
+        if initial > _room(self.max_initial) or (new.size and new.max() > _room(self.max_new)):
+            raise ValueError(f"A budget of {budget} asks more queries at once than this program's largest batch "
+                             f"(compile with labels={budget}).")
         if "agent_learning_rate" in values and cfg.agent not in AGENT_LR_FIELD:
             raise ValueError(f"agent {cfg.agent} has no learning rate to sweep")
         f32 = {k: jnp.asarray(v, jnp.float32) for k, v in values.items() if k != "labels"}
