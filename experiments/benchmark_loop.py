@@ -37,7 +37,7 @@ def measure(num_seeds: int, steps: int) -> dict:
     program = CompiledRun(base_config(["--env", ENV, "--steps", str(steps)], None))
     keys, hypers, _ = program.lanes(range(num_seeds))
     t0 = time.perf_counter()
-    compiled = jax.jit(program.lanes_fn()).lower(keys, hypers).compile()
+    compiled, keys, hypers = program.compile_lanes(keys, hypers)
     t1 = time.perf_counter()
     jax.block_until_ready(compiled(keys, hypers))
     t2 = time.perf_counter()

@@ -138,20 +138,12 @@ def run(argv=None) -> dict:
         cfg = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, num_members=members))
         program = CompiledRun(cfg)
         keys, hypers, lanes = program.lanes(seeds, **grid)
-        if mesh is not None and len(lanes) % mesh.shape["lanes"]:
-            raise ValueError(f"{len(lanes)} lanes (seeds × settings) do not split over {mesh.shape['lanes']} devices: "
-                             f"use --seeds so that the count is a multiple of {mesh.shape['lanes']}, or --devices.")
         progress = Progress(program.num_iters * program.steps_per_iter, program.steps_per_iter,
                             f"{cfg.env} {len(lanes)} lanes" + (f", {members} members" if args.members else ""),
                             enabled=main_process and not args.no_progress)
         program.progress = progress
         t0 = time.perf_counter()
-        compiled = jax.jit(program.lanes_fn(mesh))
-        if mesh is not None:
-            from rlhp_jax.distributed import global_lanes
-
-            keys, hypers = global_lanes(keys, mesh), global_lanes(hypers, mesh, hypers.lane_axes())
-        compiled = compiled.lower(keys, hypers).compile()
+        compiled, keys, hypers = program.compile_lanes(keys, hypers, mesh)
         t1 = time.perf_counter()
         progress.start()
         _, metrics = compiled(keys, hypers)

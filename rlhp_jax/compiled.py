@@ -363,22 +363,26 @@ class CompiledRun:
 
         return run
 
-    def train_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
-        """Run every lane at once (compiled): returns (final states [L], metrics [L, iterations]).
-
-        With ``mesh`` (``rlhp_jax.distributed.lane_mesh``) the lanes are split over its devices —
-        on one host or several; read the results with ``distributed.gather``."""
-        fn = jax.jit(self.lanes_fn(mesh))
+    def compile_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
+        """Place the lanes (split over ``mesh``'s devices when given — one host or several) and
+        compile the many-lane program for them: returns (compiled program, keys, hypers) ready
+        to call, so callers can time compiling apart from running."""
         if mesh is not None:
             from rlhp_jax.distributed import global_lanes
 
             lanes, devices = keys.shape[0], mesh.shape["lanes"]
             if lanes % devices:
-                raise ValueError(f"{lanes} lanes do not split evenly over {devices} devices; "
-                                 f"use a multiple of {devices} seeds × settings.")
+                raise ValueError(f"{lanes} lanes (seeds × settings) do not split evenly over {devices} devices; "
+                                 f"use a multiple of {devices}, or fewer devices.")
             keys = global_lanes(keys, mesh)
             hypers = global_lanes(hypers, mesh, hypers.lane_axes())
-        return fn(keys, hypers)
+        return jax.jit(self.lanes_fn(mesh)).lower(keys, hypers).compile(), keys, hypers
+
+    def train_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
+        """Run every lane at once (compiled): returns (final states [L], metrics [L, iterations]);
+        read sharded results with ``distributed.gather``."""
+        program, keys, hypers = self.compile_lanes(keys, hypers, mesh)
+        return program(keys, hypers)
 
 
 def train(key, config, hyper: Hyper | None = None, progress=None):
