@@ -145,6 +145,9 @@ class RewardEnsemble:
         self.mode = resolve_member_axis(config.member_axis, model_kind=model_spec.kind)
         self.optimizer = optax.adam(config.learning_rate, b1=0.9, b2=0.999, eps=1e-8)
         self.reward_std = 1.0 if config.reward_std is None else float(config.reward_std)
+        # The MLP has no dropout or batch norm: with no input noise its training-mode forward
+        # pass is its inference forward pass, and the fit reuses it for the training loss.
+        self.train_mode_is_inference = model_spec.kind == "mlp" and config.input_noise == 0
 
     # ------------------------------------------------------------------ construction
     def init(self, key: jax.Array) -> EnsembleState:
@@ -254,13 +257,20 @@ class RewardEnsemble:
         new_params = optax.apply_updates(params, updates)
 
         # Both losses for the adaptive rule are measured the same way (inference mode, no noise),
-        # so dropout does not make the training loss look worse than it is.
-        both_obs = jnp.concatenate([obs, buffer.obs[idx_val]])
-        both_act = jnp.concatenate([act, buffer.action[idx_val]])
-        r_eval, _ = self._pair_rewards(params, stats, both_obs, both_act)
-        b = cfg.batch_size
-        train_loss = self._objective(r_eval[:b], mu, buffer.true_reward[idx_tr])
-        val_loss = self._objective(r_eval[b:], buffer.mu[idx_val], buffer.true_reward[idx_val])
+        # so dropout does not make the training loss look worse than it is.  When training mode
+        # is inference mode (no dropout, batch norm or input noise) the gradient's forward pass
+        # already gave the training loss: only the validation batch needs a forward pass.
+        if self.train_mode_is_inference:
+            train_loss = bt_train_mode
+            r_val, _ = self._pair_rewards(params, stats, buffer.obs[idx_val], buffer.action[idx_val])
+        else:
+            both_obs = jnp.concatenate([obs, buffer.obs[idx_val]])
+            both_act = jnp.concatenate([act, buffer.action[idx_val]])
+            r_eval, _ = self._pair_rewards(params, stats, both_obs, both_act)
+            b = cfg.batch_size
+            train_loss = self._objective(r_eval[:b], mu, buffer.true_reward[idx_tr])
+            r_val = r_eval[b:]
+        val_loss = self._objective(r_val, buffer.mu[idx_val], buffer.true_reward[idx_val])
 
         decay = cfg.loss_average
         first = steps == 0

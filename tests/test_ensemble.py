@@ -105,6 +105,26 @@ def test_vmap_and_unroll_equal_sequential(request, other, ens3, state3, learning
     assert not np.allclose(k[0], k[1])
 
 
+def test_reused_training_forward_equals_a_separate_forward(ens3, state3, learning_buffer):
+    """An MLP with no input noise reuses the gradient's forward pass for the training loss; the
+    step must equal the one that measures it with its own inference-mode forward pass."""
+    assert ens3.ens.train_mode_is_inference
+    separate = RewardEnsemble(MLP_SPEC, ens3.ens.config)
+    separate.train_mode_is_inference = False
+    step = fast_jit(separate.train_step)
+    s_a, s_b = state3, state3
+    for i in range(2):
+        key = jax.random.key(30 + i)
+        s_a, m_a = ens3.train_step(s_a, learning_buffer, key)
+        s_b, m_b = step(s_b, learning_buffer, key)
+        tree_allclose(m_a, m_b, **TOL)
+    for f in ("l2", "train_loss_avg", "val_loss_avg"):
+        np.testing.assert_allclose(getattr(s_a, f), getattr(s_b, f), rtol=1e-6)
+    tree_allclose(s_a.params, s_b.params, rtol=0, atol=1e-7)
+    noisy = RewardEnsemble(MLP_SPEC, dataclasses.replace(ens3.ens.config, input_noise=0.1))
+    assert not noisy.train_mode_is_inference  # noise: training mode is not inference mode
+
+
 def one_label_per_member(buffer, members):
     """Member m trains on label m only and validates on label 10 + m only, so its minibatches are
     the same whatever the key: the ensemble and the member trained alone see the same data."""
