@@ -4,12 +4,15 @@
     python -m experiments.sweep --env CartPole-v1 --seeds 8 --sweep-labels 50 100 200
     python -m experiments.sweep --env CartPole-v1 --seeds 8 --mistake-rates 0 0.1 0.3 --members 1 3
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.sweep --seeds 16   # 8 CPU devices
+    python -m experiments.sweep --compare runs/sweep/a runs/sweep/b --out runs/sweep/ab   # finished sweeps, one figure
+    python -m experiments.sweep --seeds 4 --env-devices 2 --member-devices 3   # on 6+ devices: lanes split too
 
 Every run is the host driver's algorithm (``python -m experiments.classic`` with the same flags:
 any of its options, e.g. ``--ablation random_queries`` or ``--segment-length 10``, passes through),
 compiled into one program that runs every seed × setting as a lane (``rlhp_jax.compiled``) and
 splits the lanes over every device it sees (``rlhp_jax.distributed``; several hosts with
-``--coordinator``).  The grid flags take one value per point; ``--members`` (the ensemble size)
+``--coordinator``); ``--env-devices``/``--member-devices`` also spread each lane's environments
+and ensemble members over groups of devices.  The grid flags take one value per point; ``--members`` (the ensemble size)
 changes shapes, so each value is its own program.
 
 Writes to ``--out``: ``metrics.jsonl`` and ``metrics.csv`` (one row per lane per iteration — the
@@ -39,7 +42,8 @@ GRID_FLAGS = {  # flag -> Hyper field
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__,
+    # allow_abbrev=False: "--env" (passed through to experiments.classic) must not be read as "--env-devices"
+    p = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=8, help="seeds per setting (default 8)")
     p.add_argument("--first-seed", type=int, default=0)
@@ -50,11 +54,17 @@ def parse(argv):
     p.add_argument("--agent-lrs", type=float, nargs="+", help="agent learning rates")
     p.add_argument("--members", type=int, nargs="+", help="ensemble sizes (one program each)")
     p.add_argument("--devices", type=int, default=None, help="devices to split lanes over (default: all)")
+    p.add_argument("--env-devices", type=int, default=1,
+                   help="split each lane's environments over this many devices (default 1)")
+    p.add_argument("--member-devices", type=int, default=1,
+                   help="split each lane's ensemble members over this many devices (default 1; vmaps the members)")
     p.add_argument("--coordinator", help="HOST:PORT of process 0, for a run over several hosts")
     p.add_argument("--num-processes", type=int)
     p.add_argument("--process-id", type=int)
     p.add_argument("--out", default=None, help="output directory (default runs/sweep/<env>)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--compare", nargs="+", metavar="DIR",
+                   help="draw finished sweeps (their metrics.jsonl) on one figure, compare.png in --out, and stop")
     args, rest = p.parse_known_args(argv)
     return p, args, rest
 
@@ -108,6 +118,8 @@ class Progress:
 
 def run(argv=None) -> dict:
     parser, args, rest = parse(argv)
+    if args.compare:
+        return compare(args.compare, Path(args.out or "runs/sweep/compare"))
     if args.coordinator or args.num_processes:
         from rlhp_jax.distributed import initialize
 
@@ -130,7 +142,10 @@ def run(argv=None) -> dict:
             raise ValueError(f"{out} already holds a sweep; choose another --out.")
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dict(config_to_json(base), sweep=vars(args)), indent=2))
-    mesh = lane_mesh(args.devices) if (args.devices or len(jax.devices()) > 1) else None
+    if args.member_devices > 1:  # members split over devices must be one vmapped computation
+        base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))
+    mesh = (lane_mesh(args.devices, envs=args.env_devices, members=args.member_devices)
+            if (args.devices or len(jax.devices()) > 1 or args.env_devices > 1 or args.member_devices > 1) else None)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     writer = MetricsWriter(out / "metrics.jsonl") if main_process else None
     groups, summary_rows, timings = {}, [], []
@@ -163,7 +178,7 @@ def run(argv=None) -> dict:
         settings = sorted({tuple((k, v) for k, v in lane.items() if k != "seed") for lane in lanes})
         for setting in settings:
             idx = [i for i, lane in enumerate(lanes) if all(lane.get(k) == v for k, v in setting)]
-            name = ", ".join(f"{k} {v}" for k, v in setting) or f"{cfg.labels} labels"
+            name = ", ".join(f"{k} {v}" for k, v in setting) or _default_name(cfg)
             groups[name] = {k: np.asarray(v)[idx] for k, v in metrics.items()}
             final, best = _final_and_best(groups[name]["eval_return"])
             summary_rows.append(dict(setting=dict(setting), seeds=len(idx), final_eval_mean=_mean(final),
@@ -177,7 +192,7 @@ def run(argv=None) -> dict:
     if main_process:
         writer.close()
         plot_sweep(groups, env_steps, out / "curves.png",
-                   title=f"{base.env} — {base.agent.upper()} from preferences, {args.seeds} seeds per setting")
+                   title=f"{base.env} — {base.agent.upper()} {_source(base)}, {args.seeds} seeds per setting")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         for r in summary_rows:
             name = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "config"
@@ -188,6 +203,52 @@ def run(argv=None) -> dict:
                   f"run {t['run_s']:.1f} s, {t['lane_steps_per_s']:,.0f} lane·steps/s")
         print(f"wrote {out}/metrics.jsonl, curves.png, summary.json")
     return summary
+
+
+def _source(cfg) -> str:
+    return "from preferences" if cfg.reward_source == "model" else "on the true reward"
+
+
+def _default_name(cfg) -> str:
+    return f"{cfg.labels} labels" if cfg.reward_source == "model" else "true reward"
+
+
+def compare(dirs: list[str], out: Path) -> dict:
+    """Finished sweeps on one figure: every setting of every sweep as a band (mean ± std over its
+    seeds), read back from their ``metrics.jsonl`` and ``summary.json``.  Writes ``compare.png``."""
+    from rlhp_jax.metrics import SWEEP_PANELS, plot_sweep
+
+    groups, steps, envs = {}, None, set()
+    for d in map(Path, dirs):
+        if not (d / "summary.json").exists() or not (d / "metrics.jsonl").exists():
+            raise ValueError(f"{d} holds no finished sweep (summary.json and metrics.jsonl); run the sweep first.")
+        summary = json.loads((d / "summary.json").read_text())
+        config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+        envs.add(summary["env"])
+        rows = [json.loads(line) for line in open(d / "metrics.jsonl")]
+        for entry in summary["settings"]:
+            setting = entry["setting"]
+            mine = [r for r in rows if all(r.get(k) == v for k, v in setting.items())]
+            seeds = sorted({r["seed"] for r in mine})
+            iters = sorted({r["iteration"] for r in mine})
+            table = {(r["seed"], r["iteration"]): r for r in mine}
+            grid = lambda key: np.array([[np.nan if table[(s, i)].get(key) is None else table[(s, i)][key]
+                                          for i in iters] for s in seeds], np.float64)
+            these = np.asarray([table[(seeds[0], i)]["env_steps"] for i in iters])
+            if steps is not None and not np.array_equal(these, steps):
+                raise ValueError(f"{d} ran a different number of steps per iteration or in all than {dirs[0]}; "
+                                 "only sweeps of the same length can share a figure.")
+            steps = these
+            source = "true reward" if config.get("reward_source") == "true" else "preferences"
+            label = ", ".join(f"{k} {v}" for k, v in setting.items()) or (
+                f"{config['labels']} labels" if source == "preferences" and "labels" in config else source)
+            groups[f"{d.name}: {label}"] = {key: grid(key) for key, _ in SWEEP_PANELS}
+    if len(envs) > 1:
+        raise ValueError(f"the sweeps are of different tasks ({', '.join(sorted(envs))}); compare one task at a time.")
+    out.mkdir(parents=True, exist_ok=True)
+    path = plot_sweep(groups, steps, out / "compare.png", title=f"{envs.pop()}: {len(groups)} settings")
+    print(f"wrote {path}")
+    return dict(figure=str(path), settings=list(groups))
 
 
 def _pm(mean, std) -> str:

@@ -339,22 +339,50 @@ class CompiledRun:
         """``train_one`` compiled."""
         return jax.jit(self.train_one)(key, self.hyper() if hyper is None else hyper)
 
+    def state_specs(self, mesh: Mesh) -> TrainState:
+        """How the many-lane ``TrainState`` lies on ``mesh``: every array split over ``"lanes"``
+        (its leading axis); the environments' arrays (env state, observations, episode sums) also
+        over ``"envs"``, and the ensemble's per-member arrays (parameters, optimizer state, L2,
+        loss averages, normalization, each member's bootstrap counts and held-out flags) also
+        over ``"members"`` — where the mesh has those axes with more than one device."""
+        def axis(name):
+            return name if name in mesh.axis_names and mesh.shape[name] > 1 else None
+
+        envs, members = axis("envs"), axis("members")
+        shapes = jax.eval_shape(self.fresh, jax.random.PRNGKey(0), self.hyper())
+        lanes = lambda tree: jax.tree.map(lambda _: P("lanes"), tree)
+        n_envs, n_members = self.parts.env.num_envs, self.parts.ensemble.config.num_members
+
+        def inner(tree, name, size):  # arrays whose first per-lane axis is the environments / members
+            return jax.tree.map(lambda x: P("lanes", name) if x.ndim >= 1 and x.shape[0] == size else P("lanes"), tree)
+
+        return shapes.replace(
+            **{f: lanes(getattr(shapes, f)) for f in ("agent", "key", "reward_scale", "queries", "labels")},
+            env_state=inner(shapes.env_state, envs, n_envs), obs=inner(shapes.obs, envs, n_envs),
+            episode_sums=inner(shapes.episode_sums, envs, n_envs),
+            ensemble=inner(shapes.ensemble, members, n_members),
+            buffer=lanes(shapes.buffer).replace(heldout=P("lanes", members), boot=P("lanes", members)))
+
     def lanes_fn(self, mesh: Mesh | None = None):
         """The pure many-lane program ``(keys [L], hypers [L]) -> (final states, metrics [L, iterations])``;
-        with ``mesh``, the lanes are kept split over its ``"lanes"`` axis."""
-        shard = (lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("lanes")))) \
-            if mesh is not None else (lambda x: x)
+        with ``mesh``, the state is kept split over it as ``state_specs`` says."""
+        if mesh is None:
+            shard = lambda states: states
+        else:
+            shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), self.state_specs(mesh),
+                                     is_leaf=lambda x: isinstance(x, P))
+            shard = lambda states: jax.lax.with_sharding_constraint(states, shardings)
 
         def run(keys, hypers):
             axes = hypers.lane_axes()
             # Fresh parameters lane after lane: the orthogonal initializer's QR, batched by vmap, can
             # deadlock jaxlib's CPU LAPACK thread pool (BUILD_NOTES); one lane at a time it cannot.
             states = jax.lax.map(lambda i: self.fresh(keys[i], hypers.lane(i)), jnp.arange(keys.shape[0]))
-            states = jax.tree.map(shard, jax.vmap(self.initial, in_axes=(0, axes))(states, hypers))
+            states = shard(jax.vmap(self.initial, in_axes=(0, axes))(states, hypers))
 
             def body(states, it):
                 states, m = jax.vmap(self.step, in_axes=(0, axes, None))(states, hypers, it)
-                states = jax.tree.map(shard, states)
+                states = shard(states)
                 self._report(it, m)
                 return states, m
 
@@ -363,6 +391,23 @@ class CompiledRun:
 
         return run
 
+    def check_mesh(self, mesh: Mesh, lanes: int) -> None:
+        """Refuse a mesh the lanes, environments or ensemble members do not split over evenly."""
+        shape = dict(mesh.shape)
+        groups, envs, members = shape.get("lanes", 1), shape.get("envs", 1), shape.get("members", 1)
+        if lanes % groups:
+            raise ValueError(f"{lanes} lanes (seeds × settings) do not split evenly over {groups} device groups; "
+                             f"use a multiple of {groups} lanes, or fewer devices.")
+        num_envs = self.parts.env.num_envs
+        if num_envs % envs:
+            raise ValueError(f"{num_envs} environments per lane do not split evenly over {envs} devices.")
+        ens = self.parts.ensemble
+        if ens.config.num_members % members:
+            raise ValueError(f"{ens.config.num_members} ensemble members do not split evenly over {members} devices.")
+        if members > 1 and ens.mode != "vmap":
+            raise ValueError(f"Splitting ensemble members over devices needs them vmapped; this ensemble walks them "
+                             f"with member_axis={ens.mode!r}: set EnsembleConfig(member_axis='vmap').")
+
     def compile_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
         """Place the lanes (split over ``mesh``'s devices when given — one host or several) and
         compile the many-lane program for them: returns (compiled program, keys, hypers) ready
@@ -370,10 +415,7 @@ class CompiledRun:
         if mesh is not None:
             from rlhp_jax.distributed import global_lanes
 
-            lanes, devices = keys.shape[0], mesh.shape["lanes"]
-            if lanes % devices:
-                raise ValueError(f"{lanes} lanes (seeds × settings) do not split evenly over {devices} devices; "
-                                 f"use a multiple of {devices}, or fewer devices.")
+            self.check_mesh(mesh, keys.shape[0])
             keys = global_lanes(keys, mesh)
             hypers = global_lanes(hypers, mesh, hypers.lane_axes())
         return jax.jit(self.lanes_fn(mesh)).lower(keys, hypers).compile(), keys, hypers

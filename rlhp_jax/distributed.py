@@ -1,13 +1,18 @@
 """Spreading the compiled loop's lanes (seeds × settings) over devices and hosts.
 
 One device, eight, or eight on each of several machines: the same program.  The lanes form a
-``jax.sharding.Mesh`` axis named ``"lanes"``; every lane runs whole on one device (lanes never
-talk to each other, so the program needs no communication until the results are gathered).
+``jax.sharding.Mesh`` axis named ``"lanes"``; lanes never talk to each other, so split over lanes
+alone the program needs no communication until the results are gathered.  A lane can also be
+spread over a group of devices: its environments over the mesh's ``"envs"`` axis and its
+ensemble members over ``"members"`` (``lane_mesh(envs=2, members=3)``), for runs whose lanes
+are too big for one device or too few to fill them.  The agent's update then all-reduces its
+gradients across the environment shards, and the label set is read by every member shard.
 
 Single host, N devices (GPUs, or CPU devices for testing)::
 
-    mesh = lane_mesh()                                   # every device jax sees
+    mesh = lane_mesh()                                   # every device jax sees, lanes only
     finals, metrics = CompiledRun(cfg).train_lanes(keys, hypers, mesh=mesh)
+    mesh = lane_mesh(envs=2, members=3)                  # groups of 6 devices: envs × members in a lane
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.sweep ...   # 8 CPU devices
 
@@ -42,14 +47,24 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
 
 
-def lane_mesh(num_devices: int | None = None) -> Mesh:
-    """A one-axis mesh ``("lanes",)`` over the first ``num_devices`` of all processes' devices (all when None)."""
+def lane_mesh(num_devices: int | None = None, envs: int = 1, members: int = 1) -> Mesh:
+    """A mesh ``("lanes", "envs", "members")`` over the first ``num_devices`` of all processes'
+    devices (all when None): lanes are split over ``num_devices / (envs · members)`` groups, and
+    within a group each lane's environments over ``envs`` devices and its ensemble members over
+    ``members`` devices (``CompiledRun.state_specs`` says which arrays carry which axis)."""
     devices = jax.devices()
     if num_devices is not None:
         if not 1 <= num_devices <= len(devices):
             raise ValueError(f"--devices {num_devices}: this run sees {len(devices)} device(s).")
         devices = devices[:num_devices]
-    return Mesh(np.asarray(devices), ("lanes",))
+    if envs < 1 or members < 1:
+        raise ValueError(f"envs ({envs}) and members ({members}) must be at least 1.")
+    inner = envs * members
+    if len(devices) % inner:
+        raise ValueError(f"{len(devices)} device(s) do not split into groups of {envs} (environments) × "
+                         f"{members} (members) = {inner}.")
+    grid = np.asarray(devices).reshape(len(devices) // inner, envs, members)
+    return Mesh(grid, ("lanes", "envs", "members"))
 
 
 def global_lanes(tree: Any, mesh: Mesh, lane_axes: Any = 0) -> Any:

@@ -1,7 +1,8 @@
 """Runs the test lanes of ``tests/test_compiled.py`` in a process of its own, where the device count
 can be chosen (XLA flags must be set before JAX starts), and saves what the tests compare.
 
-    python tests/lanes_check.py reference OUT.npz     # 8 CPU devices: lanes unsharded, then sharded over 8
+    python tests/lanes_check.py reference OUT.npz     # 8 CPU devices: lanes unsharded, sharded over 8 devices,
+                                                      # and over 2 groups of 2 (environments) × 2 (members)
     python tests/lanes_check.py host I N PORT OUT.npz # process I of N (2 CPU devices each), lanes over all
 """
 
@@ -20,8 +21,13 @@ def test_config():
     from rlhp_jax.agents.ppo import PPOConfig
     from rlhp_jax.driver import RunConfig
 
+    from rlhp_jax.ensemble import EnsembleConfig
+
     agent = PPOConfig(num_envs=4, num_steps=64, update_epochs=2, num_minibatches=2)
+    # Two members, vmapped: the members can then be split over two devices within a lane.
+    ensemble = EnsembleConfig(num_members=2, member_axis="vmap")
     return RunConfig(env="CartPole-v1", total_steps=2 * 256, labels=12, segment_length=10, agent_config=agent,
+                     ensemble=ensemble,
                      pretrain_steps=10, fit_steps=5, eval_every=2, eval_episodes=2, correlation_segments=32,
                      out="unused")
 
@@ -66,8 +72,13 @@ def main(argv):
         sharded_out = program.train_lanes(keys, hypers, mesh=lane_mesh())
         shards = {str(s.device) for s in sharded_out[1]["labels"].addressable_shards}
         sharded = outcome(*sharded_out)
+        within_out = program.train_lanes(keys, hypers, mesh=lane_mesh(envs=2, members=2))
+        member_shard = within_out[0].ensemble.params["Dense_0"]["kernel"].addressable_shards[0].data.shape
+        env_shard = within_out[0].obs.addressable_shards[0].data.shape
+        within = outcome(*within_out)
         np.savez(argv[1], **{f"plain_{k}": v for k, v in plain.items()}, **{f"sharded_{k}": v for k, v in sharded.items()},
-                 devices_used=np.asarray(len(shards)))
+                 **{f"within_{k}": v for k, v in within.items()}, devices_used=np.asarray(len(shards)),
+                 member_shard=np.asarray(member_shard), env_shard=np.asarray(env_shard))
     else:
         assert jax.process_count() == count and len(jax.devices()) == 2 * count, jax.devices()
         result = outcome(*program.train_lanes(keys, hypers, mesh=lane_mesh()))

@@ -2,7 +2,8 @@
 
 Multi-device runs happen in child processes (the device count is fixed when JAX starts):
 ``tests/lanes_check.py`` runs the same 8 lanes (2 seeds × 2 label budgets × 2 teacher mistake
-rates) unsharded and sharded over 8 CPU devices, and over 2 processes × 2 devices on loopback.
+rates) unsharded, sharded over 8 CPU devices, sharded over 2 lane groups × 2 devices for the
+environments × 2 for the ensemble members, and over 2 processes × 2 devices on loopback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -118,6 +120,39 @@ def test_sharded_over_8_devices_equals_unsharded(reference):
     _same_run(reference, "sharded")
 
 
+def test_environments_and_members_sharded_within_lanes_equal_unsharded(reference):
+    """Mesh of 2 lane groups × 2 (environments) × 2 (members): each device holds 4 of the 8 lanes,
+    half of each lane's 4 environments and one of its 2 ensemble members, and the run is the
+    unsharded one (the agent's gradients are all-reduced across the environment halves)."""
+    assert reference["member_shard"].tolist() == [4, 1, 4 + 2, 64]  # [lanes, members, in, out]
+    assert reference["env_shard"].tolist() == [4, 2, 4]  # [lanes, envs, CartPole obs]
+    _same_run(reference, "within")
+
+
+def test_meshes_that_do_not_split_are_refused(program):
+    from rlhp_jax.distributed import lane_mesh
+
+    one = lane_mesh(1)
+    with pytest.raises(ValueError, match="do not split into groups"):
+        lane_mesh(1, envs=2)
+    program.check_mesh(one, 3)  # one device takes any number of lanes
+    shaped = lambda **shape: SimpleNamespace(shape=dict(dict(lanes=1, envs=1, members=1), **shape))
+    with pytest.raises(ValueError, match="3 lanes .* over 2 device groups"):
+        program.check_mesh(shaped(lanes=2), 3)
+    with pytest.raises(ValueError, match="4 environments per lane do not split evenly over 3"):
+        program.check_mesh(shaped(envs=3), 4)
+    with pytest.raises(ValueError, match="2 ensemble members do not split evenly over 4"):
+        program.check_mesh(shaped(members=4), 4)
+    walked = CompiledRun(dataclasses.replace(program.config, ensemble=dataclasses.replace(
+        program.config.ensemble, member_axis="map")))
+    with pytest.raises(ValueError, match="member_axis='vmap'"):
+        walked.check_mesh(shaped(members=2), 4)
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("lanes", "envs", "members"))
+    specs = program.state_specs(mesh)  # axes of one device are not used
+    assert tuple(specs.obs) == tuple(specs.buffer.boot) == ("lanes", None), (specs.obs, specs.buffer.boot)
+    assert tuple(specs.agent.step) == ("lanes",)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -134,7 +169,7 @@ def test_two_processes_on_loopback_equal_one(reference, tmp_path):
     _same_run({**reference, **{f"hosts_{k}": v for k, v in got.items()}}, "hosts")
 
 
-def test_bad_input_is_refused(program):
+def test_bad_input_is_refused(program, tmp_path):
     from rlhp_jax.driver import RunConfig
 
     with pytest.raises(ValueError, match="pure-JAX"):
@@ -145,6 +180,10 @@ def test_bad_input_is_refused(program):
         program.hyper(labels=program.config.labels + 1)
     with pytest.raises(ValueError, match="Cannot sweep"):
         program.hyper(batch_size=3)
+    from experiments import sweep
+
+    with pytest.raises(ValueError, match="1 device.* do not split into groups of 2"):  # this process: 1 CPU device
+        sweep.run(["--env", "CartPole-v1", "--env-devices", "2", "--out", str(tmp_path / "s"), "--no-progress"])
 
 
 def test_sweep_learns_cartpole(tmp_path):
@@ -159,3 +198,32 @@ def test_sweep_learns_cartpole(tmp_path):
     best = [max(r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None) for s in (0, 1)]
     assert min(best) >= 250, best  # a random policy scores ~20
     assert summary["settings"][0]["seeds"] == 2 and rows[-1]["labels"] == 200
+
+
+def _fake_sweep(path, env, source, steps=(100, 200, 300)):
+    """A finished sweep's files as experiments.sweep writes them: 3 seeds × len(steps) iterations."""
+    path.mkdir()
+    rows = [dict(seed=s, iteration=i + 1, env_steps=n, eval_return=None if i == 0 else float(s + i),
+                 true_return=-10.0 + i, reward_correlation=0.5 if source == "model" else None)
+            for s in range(3) for i, n in enumerate(steps)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps(dict(env=env, settings=[dict(setting={})])))
+    (path / "config.json").write_text(json.dumps(dict(reward_source=source, labels=50)))
+
+
+def test_sweep_compare_draws_finished_sweeps(tmp_path):
+    from experiments import sweep
+
+    _fake_sweep(tmp_path / "prefs", "CartPole-v1", "model")
+    _fake_sweep(tmp_path / "rl", "CartPole-v1", "true")
+    got = sweep.run(["--compare", str(tmp_path / "prefs"), str(tmp_path / "rl"), "--out", str(tmp_path / "cmp")])
+    assert got["settings"] == ["prefs: 50 labels", "rl: true reward"]
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
+    _fake_sweep(tmp_path / "other", "Acrobot-v1", "true")
+    with pytest.raises(ValueError, match="different tasks"):
+        sweep.run(["--compare", str(tmp_path / "prefs"), str(tmp_path / "other"), "--out", str(tmp_path / "x")])
+    _fake_sweep(tmp_path / "longer", "CartPole-v1", "true", steps=(100, 200, 300, 400))
+    with pytest.raises(ValueError, match="same length"):
+        sweep.run(["--compare", str(tmp_path / "prefs"), str(tmp_path / "longer"), "--out", str(tmp_path / "y")])
+    with pytest.raises(ValueError, match="no finished sweep"):
+        sweep.run(["--compare", str(tmp_path / "missing"), "--out", str(tmp_path / "z")])
