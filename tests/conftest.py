@@ -2,12 +2,17 @@
 
 * A hypothesis profile with no deadline (the first example of a property test may compile a
   JAX function) and few, derandomized examples, so every run draws the same examples.
+* Child processes (CLIs, killed trainers, writers) import this checkout's ``rlhp_jax`` whether or
+  not it is pip-installed: the repository root goes first on their ``PYTHONPATH``.
 * Session-scoped, jitted functions for the preference-learning core, so each of them is
   compiled once however many tests use it.  Tests keep their array shapes fixed (see the
   constants below) so the compiled functions are reused.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +23,9 @@ from hypothesis import HealthCheck, settings
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.reward_models import RewardModelSpec
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 settings.register_profile(
     "rlhp",
