@@ -1,8 +1,10 @@
 """Spreading the compiled loop's lanes (seeds × settings) over devices and hosts.
 
 One device, eight, or eight on each of several machines: the same program.  The lanes form a
-``jax.sharding.Mesh`` axis named ``"lanes"``; lanes never talk to each other, so split over lanes
-alone the program needs no communication until the results are gathered.  A lane can also be
+``jax.sharding.Mesh`` axis named ``"lanes"``; lanes never depend on each other, so split over lanes
+alone the program exchanges almost nothing until the results are gathered (XLA keeps a few tiny
+collectives: one flag per loop turn of the vmapped Poisson sampler of the bootstrap, and the
+[lanes, candidates] disagreement scores gathered for ``top_k``, see BUILD_NOTES).  A lane can also be
 spread over a group of devices: its environments over the mesh's ``"envs"`` axis and its
 ensemble members over ``"members"`` (``lane_mesh(envs=2, members=3)``), for runs whose lanes
 are too big for one device or too few to fill them.  The agent's update then all-reduces its
