@@ -178,7 +178,7 @@ def run(argv=None) -> dict:
         settings = sorted({tuple((k, v) for k, v in lane.items() if k != "seed") for lane in lanes})
         for setting in settings:
             idx = [i for i, lane in enumerate(lanes) if all(lane.get(k) == v for k, v in setting)]
-            name = ", ".join(f"{k} {v}" for k, v in setting) or _default_name(cfg)
+            name = _setting_name(dict(setting), cfg.reward_source, cfg.labels)
             groups[name] = {k: np.asarray(v)[idx] for k, v in metrics.items()}
             final, best = _final_and_best(groups[name]["eval_return"])
             summary_rows.append(dict(setting=dict(setting), seeds=len(idx), final_eval_mean=_mean(final),
@@ -209,14 +209,16 @@ def _source(cfg) -> str:
     return "from preferences" if cfg.reward_source == "model" else "on the true reward"
 
 
-def _default_name(cfg) -> str:
-    return f"{cfg.labels} labels" if cfg.reward_source == "model" else "true reward"
+def _setting_name(setting: dict, reward_source: str, labels) -> str:
+    """A setting's name on plots: its swept values, or the run's label budget / "true reward"."""
+    return ", ".join(f"{k} {v}" for k, v in setting.items()) or (
+        f"{labels} labels" if reward_source == "model" else "true reward")
 
 
 def compare(dirs: list[str], out: Path) -> dict:
     """Finished sweeps on one figure: every setting of every sweep as a band (mean ± std over its
     seeds), read back from their ``metrics.jsonl`` and ``summary.json``.  Writes ``compare.png``."""
-    from rlhp_jax.metrics import SWEEP_PANELS, plot_sweep
+    from rlhp_jax.metrics import SWEEP_PANELS, plot_sweep, read_jsonl
 
     groups, steps, envs = {}, None, set()
     for d in map(Path, dirs):
@@ -225,7 +227,7 @@ def compare(dirs: list[str], out: Path) -> dict:
         summary = json.loads((d / "summary.json").read_text())
         config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
         envs.add(summary["env"])
-        rows = [json.loads(line) for line in open(d / "metrics.jsonl")]
+        rows = read_jsonl(d / "metrics.jsonl")
         for entry in summary["settings"]:
             setting = entry["setting"]
             mine = [r for r in rows if all(r.get(k) == v for k, v in setting.items())]
@@ -239,9 +241,7 @@ def compare(dirs: list[str], out: Path) -> dict:
                 raise ValueError(f"{d} ran a different number of steps per iteration or in all than {dirs[0]}; "
                                  "only sweeps of the same length can share a figure.")
             steps = these
-            source = "true reward" if config.get("reward_source") == "true" else "preferences"
-            label = ", ".join(f"{k} {v}" for k, v in setting.items()) or (
-                f"{config['labels']} labels" if source == "preferences" and "labels" in config else source)
+            label = _setting_name(setting, config.get("reward_source", "model"), config.get("labels"))
             groups[f"{d.name}: {label}"] = {key: grid(key) for key, _ in SWEEP_PANELS}
     if len(envs) > 1:
         raise ValueError(f"the sweeps are of different tasks ({', '.join(sorted(envs))}); compare one task at a time.")
