@@ -4,7 +4,8 @@ What a person does is what is tested: the two clips load and play (muted, loopin
 the encoded clip), every key and every button records the answer it names for the pair on
 screen and nothing else, the page waits for pairs and shows one without a reload when it
 arrives, the access token works from the URL and its absence is refused, the name typed in
-the box is the labeler recorded, and the answer keys are inert while the name box has focus.
+the box is the labeler recorded (in any script: the page checks names by the server's own rule),
+and the answer keys are inert while the name box has focus.
 
 One queue of random-policy CartPole clips and one browser serve the whole module; every test
 gets its own label store (over those clips), its own server and its own page.  Playwright's
@@ -13,6 +14,8 @@ own browser download is never used: ``executable_path`` is Debian's ``chromium``
 
 from __future__ import annotations
 
+import random
+import sys
 import time
 
 import pytest
@@ -27,7 +30,7 @@ from playwright.sync_api import sync_playwright  # noqa: E402
 from rlhp_jax.clips import probe_mp4  # noqa: E402
 from rlhp_jax.human.__main__ import make_queue  # noqa: E402
 from rlhp_jax.human.server import ServerThread, create_app  # noqa: E402
-from rlhp_jax.human.store import LabelStore  # noqa: E402
+from rlhp_jax.human.store import LabelStore, StoreError, check_labeler  # noqa: E402
 
 QUEUE_PAIRS = 8
 POLL_S = 0.5  # the page's polling period while it waits for pairs
@@ -378,11 +381,67 @@ def test_modified_arrow_keys_are_not_answers(page, serve, store_with):
     assert page.evaluate("document.body.dataset.pair") == pid
 
 
-def test_a_name_the_server_would_refuse_is_not_taken(page, serve, store_with):
+def test_a_name_in_another_script_is_recorded(page, serve, store_with):
     store = store_with(2)
     open_page(page, serve(store).url)
     shown_pair(page)
-    page.fill("#labeler", "O'Brien")
+    page.fill("#labeler", " 名前 ")
+    with page.expect_response(lambda r: "/api/next?labeler=%E5%90%8D%E5%89%8D" in r.url):
+        page.keyboard.press("Tab")
+    assert page.inner_text("#name-error") == ""
+    answer_and_check(page, store, "button", "left", labeler="名前")
+    page.fill("#labeler", "e\u0301lodie")  # typed with a combining accent: recorded composed (NFC), as the server does
+    with page.expect_response(lambda r: "/api/next?labeler=%C3%A9lodie" in r.url):
+        page.keyboard.press("Tab")
+    answer_and_check(page, store, "key", "tie", labeler="\u00e9lodie")
+
+
+def _sample_names(n: int, seed: int = 0) -> list[str]:
+    """Names to put to both rules: letters and numbers of many scripts (astral ones too), the
+    allowed punctuation, marks, symbols, controls, code points this Python's Unicode tables may
+    not know yet, lengths around 64."""
+    rng = random.Random(seed)
+    good = list("aZ09 _.@-\u00e9\u212b\u0664\u2460\u3007名前ünïÅ") + ["\U0001d49c", "\U0002a6d6"]
+    other = list("<>'/\t\u00a0\u0301\U0001f600") + [
+        "\U00031350", "\U0001e030", "\u08c9", "\u0cf3"]  # some assigned after Unicode 14: letters to a newer browser
+
+    def char(bad_rate):
+        if rng.random() >= bad_rate:
+            return rng.choice(good)
+        c = rng.choice(other) if rng.random() < 0.7 else chr(rng.randrange(sys.maxunicode + 1))
+        return "x" if 0xD800 <= ord(c) < 0xE000 else c  # a lone surrogate is no text
+
+    return ["".join(char(bad_rate) for _ in range(rng.choice([0, 1, 2, 5, 12, 63, 64, 65])))
+            for bad_rate in (rng.choice([0.0, 0.0, 0.02, 0.1, 0.5]) for _ in range(n))]
+
+
+def test_the_page_checks_names_by_the_server_s_rule(page, serve, store_with):
+    """The page's check (the character class the server sends, NFC, spaces stripped, code points
+    counted) accepts exactly the names the server accepts, and normalizes them alike."""
+    store = store_with(1)
+    open_page(page, serve(store).url)
+    shown_pair(page)
+    names = _sample_names(600)
+
+    def server(name):
+        try:
+            return check_labeler(name)
+        except StoreError:
+            return None
+
+    page_says = page.evaluate("names => names.map((n) => { const t = normalizeName(n);"
+                              "  return NAME_OK.test(t) ? t : null; })", names)
+    disagree = [(n, p, server(n)) for n, p in zip(names, page_says) if p != server(n)]
+    assert not disagree, disagree[:5]
+    assert 100 < sum(p is not None for p in page_says) < len(names) - 100  # both kinds were tried
+
+
+@pytest.mark.parametrize("typed", ["O'Brien", "<b>", pytest.param("x" * 65, id="65-chars"), "a\tb"])
+def test_a_name_the_server_would_refuse_is_not_taken(page, serve, store_with, typed):
+    store = store_with(2)
+    open_page(page, serve(store).url)
+    shown_pair(page)
+    page.fill("#labeler", typed)
     page.click("h1")
     assert "letters, digits" in page.inner_text("#name-error")
     assert page.input_value("#labeler") == "labeler"  # the last good name is back

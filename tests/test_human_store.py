@@ -16,6 +16,9 @@ from rlhp_jax.human.store import MU, BadLease, LabelStore, QueryWithdrawn, Store
 from rlhp_jax.human.teacher import save_npz
 
 
+MP4 = b"\x00\x00\x00\x18ftypmp42"
+
+
 class Clock:
     def __init__(self, t=1000.0):
         self.t = t
@@ -30,8 +33,8 @@ def make_store(tmp_path, n=3, wanted=1, clock=None, segments=False):
     ids = []
     for i in range(n):
         left, right = tmp_path / "clips" / f"{i}-l.mp4", tmp_path / "clips" / f"{i}-r.mp4"
-        left.write_bytes(b"L%d" % i)
-        right.write_bytes(b"R%d" % i)
+        left.write_bytes(MP4 + b"L%d" % i)  # imports take only files that start like an MP4
+        right.write_bytes(MP4 + b"R%d" % i)
         seg = None
         if segments:
             seg = tmp_path / f"seg{i}.npz"
@@ -212,7 +215,7 @@ def test_jsonl_round_trip_keeps_pairs_answers_and_segments(tmp_path):
     got = [(lab.query_id, lab.labeler, lab.choice, lab.response_s) for lab in dst.labels_since(0)]
     assert got == [(ids[0], "ann", "left", 1.5), (ids[0], "bob", "cant_tell", 1.5), (ids[1], "ann", "tie", None)]
     assert dst.query(ids[2])["withdrawn"] is not None and dst.open_queries() == []
-    assert dst.resolve(dst.query(ids[0])["left_clip"]).read_bytes() == b"L0"  # clip copied inside the new root
+    assert dst.resolve(dst.query(ids[0])["left_clip"]).read_bytes() == MP4 + b"L0"  # clip copied inside the new root
 
     arrays, mu, env = exchange.load_labeled(out)
     assert env == "CartPole-v1" and mu.tolist() == [1.0, 0.5]  # can't tell is not trained on

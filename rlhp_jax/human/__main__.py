@@ -4,7 +4,7 @@
   label   --queue FILE         label a saved set of pairs, no trainer: every labeler sees every pair
   queue   --env ENV --out DIR  make such a set from a random policy (clips + segments + queue.jsonl)
   export  --run DIR --out F    pairs and answers to JSONL (segments embedded)
-  import  --run DIR --file F   JSONL into a store (idempotent)
+  import  --run DIR --file F   JSONL into a store (idempotent; every line checked first, then all or nothing)
   stats   --run DIR | --file F answers per labeler, response times, agreement between labelers and with the oracle
   fit     --file F             train a reward ensemble offline on a labeled set; held-out accuracy
   play    --env GAME --out F   record demonstrations by playing the game in the browser (arrows, Space)
@@ -14,21 +14,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 import time
 from pathlib import Path
 
 
-def _store_for(args) -> "LabelStore":  # noqa: F821
+def _store_for(args, create: bool = True) -> "LabelStore":  # noqa: F821
+    """The store ``--run DIR`` (its ``labels.sqlite``) or ``--queue FILE`` (the ``.sqlite`` beside
+    it) names.  ``create=False`` (serve, stats, export): a new store is made only where one
+    belongs, in a run directory (the trainer's ``config.json``) or beside an existing queue
+    file; elsewhere an existing store is required and nothing is created.  A file that is not a
+    usable store raises :class:`~rlhp_jax.human.store.StoreUnavailable` (a ValueError)."""
     from rlhp_jax.human.store import LabelStore
 
     if getattr(args, "run", None):
         run = Path(args.run)
         if not run.is_dir():
             raise ValueError(f"{run}: no such run directory")
+        if not create and not (run / LabelStore.FILENAME).exists() and not (run / "config.json").is_file():
+            raise ValueError(f"{run} is not a run directory (no config.json from the trainer, no "
+                             f"{LabelStore.FILENAME}); nothing was created")
         return LabelStore(run)
     queue = Path(args.queue)
-    return LabelStore(queue.parent, path=queue.with_suffix(".sqlite"))
+    path = queue.with_suffix(".sqlite")
+    if not create and not path.exists() and not queue.is_file():
+        raise ValueError(f"{queue}: no such queue file (and no {path.name} beside it); nothing was created")
+    return LabelStore(queue.parent, path=path)
 
 
 def serve_forever(store, env: str | None, args) -> None:
@@ -195,12 +207,14 @@ def main(argv=None) -> int:
 
             check_binding(args.host, args.token)  # before anything is created
         if args.cmd == "serve":
-            store = _store_for(args)
+            store = _store_for(args, create=False)
+            store.check_writable()
             serve_forever(store, _env_of(store), args)
         elif args.cmd == "label":
             queue = Path(args.queue)
+            checked = exchange.read_pairs(queue)  # every line and clip, before the store beside it is made
             store = _store_for(args)
-            added = exchange.import_jsonl(store, queue, wanted=1 if args.once else 0)
+            added = exchange.import_pairs(store, checked, wanted=1 if args.once else 0)
             print(f"{added['pairs']} new pairs ({added['skipped_pairs']} already there); answers go to {store.path}")
             serve_forever(store, _env_of(store), args)
             print(f"export them with: python -m rlhp_jax.human export --queue {queue} --out labels.jsonl")
@@ -208,17 +222,19 @@ def main(argv=None) -> int:
             path = make_queue(args.env, args.pairs, args.out, args.seed)
             print(f"{args.pairs} pairs in {path}; label them with: python -m rlhp_jax.human label --queue {path}")
         elif args.cmd == "export":
-            store = _store_for(args)
+            store = _store_for(args, create=False)
             n = exchange.export_jsonl(store, args.out, labeled_only=args.labeled_only)
             print(f"{n} pairs written to {args.out}")
         elif args.cmd == "import":
-            added = exchange.import_jsonl(_store_for(args), args.file)
+            run = Path(args.run)  # a trainer's run takes only pairs it can learn from
+            checked = exchange.read_pairs(args.file, run if exchange.is_training_run(run) else None)
+            added = exchange.import_pairs(_store_for(args), checked)  # checked first: a bad file makes no store
             print(json.dumps(added))
         elif args.cmd == "stats":
             if args.file:
                 lines = exchange.read_jsonl(args.file)
             else:
-                store = _store_for(args)
+                store = _store_for(args, create=False)
                 lines = list(exchange.pair_lines(store, store.root, embed_segments=False))
             print(json.dumps(exchange.agreement_stats(lines), indent=2))
         elif args.cmd == "fit":
@@ -227,7 +243,7 @@ def main(argv=None) -> int:
             from rlhp_jax.human.play import serve_play
 
             return serve_play(args)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, sqlite3.Error) as e:  # sqlite3: a store damaged beyond its first page
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -9,27 +9,62 @@ A line::
      "labels": [{"labeler": "ann", "choice": "left", "mu": 1.0, "created": …, "offered": …, "response_s": 2.4}]}
 
 The segment arrays travel inside the file, so an exported set trains another reward model
-anywhere (``load_labeled``); clips stay files next to it.  Importing is idempotent: a pair or an
-answer already in the store is skipped.  Importing copies clips that lie outside the store's
-directory into its ``clips/`` folder and refuses paths that do not exist.
+anywhere (``load_labeled``); clips are files in the file's folder.  An export copies every clip
+that lies outside that folder into ``<name>_clips/`` beside the file, so the folder holds the
+whole set and can be moved or sent as one.
+
+Importing (``import_jsonl``; or ``read_pairs`` then ``import_pairs``, to check a file before a
+store is even opened) is
+
+* safe: a clip path is relative to the file and must resolve (symlinks followed) inside the
+  file's folder, to a regular file that starts like an MP4 (an ISO-BMFF ``ftyp`` box).  An
+  absolute path, a ``..`` or a symlink out of the folder, a directory, a FIFO, a device or a file
+  that is not video is refused: nothing outside the folder is copied into a store (whose page
+  serves its clips).
+* checked, line by line, before anything is written: UTF-8, one JSON object per line, every
+  field of its type (``_PAIR_FIELDS``, ``_INFO_FIELDS``, ``_LABEL_FIELDS``), ids unique in the
+  file, segments a readable ``.npz`` of a pair (``teacher.check_pair``); and, into a training run
+  (a directory with the trainer's ``config.json``, whose ``labels.sqlite`` it learns from), every
+  pair with segments and of the run's task.  The first problem raises :class:`LabeledSetError`
+  (a ValueError), one line naming the file, the line, the field and what it must be.
+* all or nothing: then the clips outside the store and the segments are written (each under a
+  temporary name, renamed into place, never over an existing file) and every pair and answer is
+  inserted in one transaction (``LabelStore.transaction``).  If that fails, the files written are
+  removed again and the store is as it was.
+
+Importing is idempotent: a pair or an answer already in the store is skipped.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import contextlib
+import dataclasses
 import io
 import json
+import math
 import os
-import shutil
+import secrets
+import sqlite3
+import stat
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from rlhp_jax.human.store import CHOICES, MU, LabelStore, StoreError, check_query_id
-from rlhp_jax.human.teacher import save_npz
+from rlhp_jax.human.store import (CHOICES, MU, LabelStore, StoreError, UnknownQuery, check_labeler,
+                                  check_query_id)
+from rlhp_jax.human.teacher import TRAIN_KEYS, check_pair, read_segments
+
+MAX_WANTED = 1_000_000  # answers wanted per pair (0: every labeler)
 
 
+class LabeledSetError(ValueError):
+    """A labeled-set file that cannot be read or imported; one line naming the file (and the line)."""
+
+
+# ------------------------------------------------------------------ export
 def pair_lines(store: LabelStore, base: str | os.PathLike, labeled_only: bool = False, embed_segments: bool = True):
     """The store's pairs as JSONL records (clip paths relative to ``base``), oldest first."""
     base = Path(base).resolve()
@@ -52,113 +87,438 @@ def pair_lines(store: LabelStore, base: str | os.PathLike, labeled_only: bool = 
 
 def export_jsonl(store: LabelStore, path: str | os.PathLike, labeled_only: bool = False,
                  embed_segments: bool = True) -> int:
-    """Write every pair of ``store`` (or only answered ones) to ``path``; returns the line count."""
+    """Write every pair of ``store`` (or only answered ones) to ``path``; returns the line count.
+    Clips outside ``path``'s folder are copied into ``<stem>_clips/`` beside it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    folder = path.parent.resolve()
     n = 0
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for line in pair_lines(store, path.parent, labeled_only, embed_segments):
-            f.write(json.dumps(line) + "\n")
+
+    def write(f: IO[bytes]) -> None:
+        nonlocal n
+        for line in pair_lines(store, folder, labeled_only, embed_segments):
+            for side in ("left", "right"):
+                copy = folder / f"{path.stem}_clips" / f"{line['id']}-{side}.mp4"
+                line[f"{side}_clip"] = _in_folder(folder, line[f"{side}_clip"], copy)
+            f.write((json.dumps(line) + "\n").encode("utf-8"))
             n += 1
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+    _write_atomic(path, write)
     return n
+
+
+def _in_folder(folder: Path, rel: str, copy: Path) -> str:
+    """A clip path for an export in ``folder``: ``rel`` if the clip lies in it, else the path of
+    the clip copied to ``copy``."""
+    src = (folder / rel).resolve()
+    if src.is_relative_to(folder):
+        return rel
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as f:
+        _write_atomic(copy, f)
+    return copy.relative_to(folder).as_posix()
+
+
+# ------------------------------------------------------------------ reading and checking
+class _Bad(Exception):
+    """What is wrong with one line (turned into a :class:`LabeledSetError` naming the line)."""
+
+    def __init__(self, field: str | None, problem: str):
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """A value as it looks in the file, on one short line."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _number(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _or_null(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or test(v)
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_WANTED
+
+
+def _pair_id(v: Any) -> bool:
+    return isinstance(v, str) and bool(check_query_id(v))  # check_query_id says what is wrong
+
+
+def _labeler(v: Any) -> bool:
+    return isinstance(v, str) and bool(check_labeler(v))  # check_labeler says what is wrong
+
+
+def _two_numbers(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(map(_number, v))
+
+
+# name: (test, what it must be, required).  A test may raise StoreError/ValueError saying what is wrong.
+_PAIR_FIELDS = {
+    "id": (_pair_id, "a pair id", True),
+    "left_clip": (_text, "a path relative to the JSONL file", True),
+    "right_clip": (_text, "a path relative to the JSONL file", True),
+    "env": (_or_null(_text), "a task name or null", False),
+    "created": (_or_null(_number), "a finite number (seconds since 1970) or null", False),
+    "wanted": (_or_null(_count), f"a whole number of answers from 0 (every labeler) to {MAX_WANTED}, or null", False),
+    "withdrawn": (_or_null(_number), "a finite number (when it was withdrawn) or null", False),
+    "info": (_or_null(lambda v: isinstance(v, dict)), "an object or null", False),
+    "segments": (_or_null(_text), "base64 of an .npz of the pair's arrays, or null", False),
+    "labels": (_or_null(lambda v: isinstance(v, list)), "a list of answers or null", False),
+}
+_INFO_FIELDS = {  # the keys of ``info`` that code reads; any others are kept as they are
+    "env": (_or_null(_text), "a task name or null", False),
+    "env_steps": (_number, "a finite number of environment steps", False),
+    "true_returns": (_or_null(_two_numbers), "two finite numbers [left, right] or null", False),
+}
+_LABEL_FIELDS = {
+    "labeler": (_labeler, "a labeler name", True),
+    "choice": (lambda v: isinstance(v, str) and v in CHOICES, f"one of {', '.join(CHOICES)}", True),
+    "created": (_or_null(_number), "a finite number (seconds since 1970) or null", False),
+    "offered": (_or_null(_number), "a finite number (seconds since 1970) or null", False),
+    "response_s": (_or_null(_number), "a finite number of seconds or null", False),
+}
+
+
+def _check_fields(obj: dict, fields: dict, prefix: str = "") -> None:
+    for name, (test, what, required) in fields.items():
+        where = prefix + name
+        if name not in obj:
+            if required:
+                raise _Bad(where, f"missing (must be {what})")
+            continue
+        value = obj[name]
+        try:
+            problem = None if test(value) else f"must be {what}"
+        except (StoreError, ValueError) as e:
+            problem = str(e)
+        if problem:
+            raise _Bad(where, f"{problem}, got {_show(value)}")
+
+
+def _check_record(d: Any) -> None:
+    if not isinstance(d, dict):
+        raise _Bad(None, f"must be a JSON object (one pair), got {_show(d)}")
+    _check_fields(d, _PAIR_FIELDS)
+    _check_fields(d.get("info") or {}, _INFO_FIELDS, "info.")
+    for j, lab in enumerate(d.get("labels") or []):
+        if not isinstance(lab, dict):
+            raise _Bad(f"labels[{j}]", f"must be an answer object, got {_show(lab)}")
+        _check_fields(lab, _LABEL_FIELDS, f"labels[{j}].")
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Bad(None, f"not UTF-8 text (byte {e.start + 1} of the line)") from None
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _Bad(None, f"not JSON ({e.msg}: column {e.colno})") from None
+    except (ValueError, RecursionError) as e:  # an integer of thousands of digits; nesting too deep
+        raise _Bad(None, f"not JSON this reader accepts ({type(e).__name__}: {' '.join(str(e).split())[:80]})") \
+            from None
+
+
+@contextlib.contextmanager
+def _at(path: Path, line: int):
+    """Name the file and ``line`` in what a check inside raises."""
+    try:
+        yield
+    except _Bad as e:
+        raise LabeledSetError(f"{path}, line {line}: {e}") from None
+
+
+def _records(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each non-blank line of ``path``, every field checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise LabeledSetError(f"{path}: no such file")
+    first: dict[str, int] = {}
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            with _at(path, i):
+                d = _parse(raw)
+                if d is None:
+                    continue
+                _check_record(d)
+                if d["id"] in first:
+                    raise _Bad("id", f"{_show(d['id'])} is on line {first[d['id']]} already")
+            first[d["id"]] = i
+            yield i, d
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Lines of a labeled-set file, checked: a clear error names the first bad line."""
+    return [d for _, d in _records(path)]
+
+
+def _segments(text: str) -> tuple[bytes, dict[str, np.ndarray]]:
+    """A line's ``segments``: the ``.npz`` bytes and their arrays, checked (``check_pair``)."""
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _Bad("segments", f"must be base64 of an .npz or null, got {_show(text)}") from None
+    try:
+        arrays = read_segments(io.BytesIO(data))
+        check_pair(arrays)
+    except ValueError as e:
+        raise _Bad("segments", f"not the arrays of a pair: {e}") from None
+    return data, arrays
+
+
+# ------------------------------------------------------------------ import
+@dataclasses.dataclass(frozen=True)
+class CheckedPair:
+    """One line of a labeled set, checked and ready to write."""
+
+    line: int
+    id: str
+    clips: tuple[Path, Path]  # resolved files inside the set's folder
+    segments: bytes | None  # a checked .npz
+    info: dict[str, Any]
+    wanted: int
+    created: float | None
+    withdrawn: float | None
+    labels: tuple[tuple[str, str, float | None, float | None, float | None], ...]  # add_label's arguments
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedSet:
+    path: Path
+    pairs: list[CheckedPair]
+
+
+def is_training_run(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a training run (the trainer's ``config.json``)."""
+    return (Path(directory) / "config.json").is_file()
+
+
+def _run_task(run: Path) -> str | None:
+    try:
+        env = json.loads((run / "config.json").read_text(encoding="utf-8")).get("env")
+    except (ValueError, AttributeError) as e:
+        raise LabeledSetError(f"{run / 'config.json'}: not a run's configuration ({e})") from None
+    return env if isinstance(env, str) else None
+
+
+def read_pairs(path: str | os.PathLike, training_run: str | os.PathLike | None = None) -> CheckedSet:
+    """Read and check every line of ``path`` (see the module docstring) and its clips; nothing is
+    written.  ``training_run``: the run directory the pairs are for, if they are for a trainer."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    lines = []
-    for i, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not text.strip():
-            continue
-        try:
-            d = json.loads(text)
-            check_query_id(str(d["id"]))
-            for k in ("left_clip", "right_clip"):
-                if not isinstance(d[k], str):
-                    raise ValueError(f"{k} must be a path")
-            for lab in d.get("labels") or []:
-                if lab.get("choice") not in CHOICES:
-                    raise ValueError(f"choice must be one of {', '.join(CHOICES)}")
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, StoreError) as e:
-            raise ValueError(f"{path}, line {i}: not a labeled pair ({e})") from None
-        lines.append(d)
-    return lines
+    folder = path.parent.resolve()
+    task = _run_task(Path(training_run)) if training_run is not None else None
+    pairs = []
+    for i, d in list(_records(path)):  # every line's fields first, then each pair's segments and clips
+        with _at(path, i):
+            pairs.append(_checked_pair(i, d, folder, training_run is not None, task))
+    return CheckedSet(path, pairs)
+
+
+def _checked_pair(line: int, d: dict, folder: Path, training: bool, task: str | None) -> CheckedPair:
+    info = dict(d.get("info") or {})
+    if d.get("env"):
+        info.setdefault("env", d["env"])
+    if task is not None and info.get("env") not in (None, task):
+        raise _Bad("env", f"this run learns {task}, the pair is from {_show(info['env'])}")
+    segments = None
+    if d.get("segments") is not None:
+        segments, _ = _segments(d["segments"])
+    elif training:
+        raise _Bad("segments", "null (a display-only pair), but a training run learns from every pair it holds: "
+                               "import it into a store of its own (label --queue)")
+    clips = tuple(_clip_source(folder, d[k], k) for k in ("left_clip", "right_clip"))
+    num = lambda v: None if v is None else float(v)
+    labels = tuple((lab["labeler"], lab["choice"], num(lab.get("created")), num(lab.get("offered")),
+                    num(lab.get("response_s"))) for lab in d.get("labels") or [])
+    wanted = d.get("wanted")
+    return CheckedPair(line, d["id"], clips, segments, info, 1 if wanted is None else wanted, num(d.get("created")),
+                       num(d.get("withdrawn")), labels)
+
+
+def _clip_source(folder: Path, rel: str, field: str) -> Path:
+    """The file a clip path names, resolved, if it is an MP4 file inside ``folder``; else :class:`_Bad`."""
+    if not rel or "\x00" in rel or os.path.isabs(rel):
+        raise _Bad(field, f"must be a path relative to the JSONL file, got {_show(rel)}")
+    try:
+        src = (folder / rel).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise _Bad(field, f"{_show(rel)} cannot be resolved ({e})") from None
+    if not src.is_relative_to(folder):
+        raise _Bad(field, f"{_show(rel)} leads out of the JSONL file's folder (clips must lie in it)")
+    with _open_clip(src, field, rel):
+        return src
+
+
+def _open_clip(src: Path, field: str, rel: str) -> IO[bytes]:
+    """``src`` open for reading, if it is a regular file that starts like an MP4 (checked again at
+    the copy: the file may have changed since); else :class:`_Bad`.  Never opens a FIFO or device."""
+    shown = _show(rel)
+    try:
+        if not stat.S_ISREG(os.stat(src).st_mode):
+            raise _Bad(field, f"{shown} is not a regular file")
+        fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise _Bad(field, f"{shown} not found (paths are relative to the JSONL file)") from None
+    except OSError as e:
+        raise _Bad(field, f"{shown} cannot be read ({e.strerror or e})") from None
+    f = os.fdopen(fd, "rb")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Bad(field, f"{shown} is not a regular file")
+        if f.read(12)[4:8] != b"ftyp":
+            raise _Bad(field, f"{shown} is not an MP4 video (no ftyp box at its start)")
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def import_pairs(store: LabelStore, checked: CheckedSet, wanted: int | None = None) -> dict[str, int]:
+    """Write a checked set into ``store``, all or nothing; ``wanted`` overrides each pair's.
+    Returns the counts of pairs and answers added and skipped (already there)."""
+    if wanted is not None and not _count(wanted):
+        raise ValueError(f"wanted must be a whole number from 0 to {MAX_WANTED}, got {wanted!r}")
+    new = [p for p in checked.pairs if not _known(store, p.id)]
+    written: list[Path] = []
+    try:
+        placed = {p.id: _place_files(store, checked.path, p, written) for p in new}
+        with store.transaction():
+            return _insert(store, checked.pairs, placed, wanted)
+    except BaseException as e:
+        for path in reversed(written):
+            with contextlib.suppress(OSError):
+                path.rmdir() if path.is_dir() else path.unlink()
+        if isinstance(e, (StoreError, sqlite3.Error, OSError)):
+            raise LabeledSetError(f"{checked.path}: nothing imported ({' '.join(str(e).split())})") from e
+        raise
 
 
 def import_jsonl(store: LabelStore, path: str | os.PathLike, wanted: int | None = None) -> dict[str, int]:
-    """Add the pairs and answers of ``path`` to ``store``; ``wanted`` overrides each pair's."""
-    path = Path(path)
-    base = path.parent.resolve()
+    """Add the pairs and answers of ``path`` to ``store`` (checked first, then all or nothing);
+    ``wanted`` overrides each pair's.  Into a run's store (``labels.sqlite`` beside the trainer's
+    ``config.json``) only pairs a trainer can learn from are accepted."""
+    trains = store.path.resolve() == (store.root / LabelStore.FILENAME) and is_training_run(store.root)
+    return import_pairs(store, read_pairs(path, store.root if trains else None), wanted)
+
+
+def _known(store: LabelStore, query_id: str) -> bool:
+    try:
+        store.query(query_id)
+        return True
+    except UnknownQuery:
+        return False
+
+
+def _place_files(store: LabelStore, source: Path, p: CheckedPair, written: list[Path]):
+    """The pair's clips (copied in unless already inside the store) and segments as files of the
+    store; every file and folder made is added to ``written``."""
+    clips = []
+    for side, src in zip(("left", "right"), p.clips):
+        if src.is_relative_to(store.root):
+            clips.append(src)
+            continue
+        dst = _new_file(store.root / "clips" / "imported", f"{p.id}-{side}", ".mp4", written)
+        with _at(source, p.line), _open_clip(src, f"{side}_clip", str(src)) as f:
+            _write_atomic(dst, f)
+        clips.append(dst)
+    seg = None
+    if p.segments is not None:
+        seg = _new_file(store.root / "segments", p.id, ".npz", written)
+        _write_atomic(seg, io.BytesIO(p.segments))
+    return clips[0], clips[1], seg
+
+
+def _new_file(folder: Path, stem: str, suffix: str, written: list[Path]) -> Path:
+    """A name in ``folder`` (made if needed) that no file has yet, added to ``written``."""
+    for parent in reversed([folder, *folder.parents]):
+        if not parent.exists():
+            parent.mkdir()
+            written.append(parent)
+    path = folder / f"{stem}{suffix}"
+    while path.exists() or path in written:
+        path = folder / f"{stem}-{secrets.token_hex(3)}{suffix}"
+    written.append(path)
+    return path
+
+
+def _write_atomic(dst: Path, write: Callable[[IO[bytes]], None] | IO[bytes]) -> None:
+    """Write ``dst`` through a temporary file, synced, then renamed into place: ``write`` is a
+    function that writes the open file, or a binary stream to copy."""
+    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            if callable(write):
+                write(f)
+            else:
+                for chunk in iter(lambda: write.read(1 << 20), b""):
+                    f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _insert(store: LabelStore, pairs: Iterable[CheckedPair], placed: dict, wanted: int | None) -> dict[str, int]:
     added = dict(pairs=0, labels=0, skipped_pairs=0, skipped_labels=0)
-    for d in read_jsonl(path):
-        exists = store._conn().execute("SELECT 1 FROM queries WHERE id = ?", (d["id"],)).fetchone() is not None
-        if exists:
-            added["skipped_pairs"] += 1
-        else:
-            clips = [_inside(store, base, d[k], d["id"]) for k in ("left_clip", "right_clip")]
-            seg = None
-            if d.get("segments"):
-                seg = store.root / "segments" / f"{d['id']}.npz"
-                seg.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    arrays = np.load(io.BytesIO(base64.b64decode(d["segments"])))
-                    save_npz(seg, **{k: arrays[k] for k in arrays.files})
-                except Exception as e:  # noqa: BLE001 — any decoding failure is the file's fault
-                    raise ValueError(f"{path}: pair {d['id']} has unreadable segments ({e})") from None
-            info = dict(d.get("info") or {})
-            if d.get("env"):
-                info.setdefault("env", d["env"])
-            store.add_query(clips[0], clips[1], seg, info, wanted=d.get("wanted", 1) if wanted is None else wanted,
-                            query_id=d["id"], created=d.get("created"))
-            if d.get("withdrawn"):
-                store.withdraw([d["id"]])
+    for p in pairs:
+        if p.id in placed and not _known(store, p.id):  # not added by someone else since it was checked
+            left, right, seg = placed[p.id]
+            store.add_query(left, right, seg, p.info, wanted=p.wanted if wanted is None else wanted, query_id=p.id,
+                            created=p.created)
+            if p.withdrawn is not None:
+                store.withdraw([p.id])
             added["pairs"] += 1
-        for lab in d.get("labels") or []:
-            ok = store.add_label(d["id"], lab["labeler"], lab["choice"], lab.get("created"), lab.get("offered"),
-                                 lab.get("response_s"))
-            added["labels" if ok else "skipped_labels"] += 1
+        else:
+            added["skipped_pairs"] += 1
+        for lab in p.labels:
+            added["labels" if store.add_label(p.id, *lab) else "skipped_labels"] += 1
     return added
 
 
-def _inside(store: LabelStore, base: Path, rel: str, qid: str) -> Path:
-    """A clip named in an imported file, as a path inside the store's directory (copied in if needed)."""
-    src = (base / rel).resolve()
-    if not src.is_file():
-        raise ValueError(f"pair {qid}: clip {rel!r} not found (paths are relative to the JSONL file)")
-    if src.is_relative_to(store.root):
-        return src
-    dst = store.root / "clips" / "imported" / f"{qid}-{src.name}"
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if not dst.exists():
-        shutil.copyfile(src, dst)
-    return dst
-
-
+# ------------------------------------------------------------------ training offline
 def load_labeled(path: str | os.PathLike, labeler: str | None = None):
     """Training data from a labeled-set file: ``(arrays, mu, env)`` with ``arrays`` holding
     ``obs``/``action``/``true_reward`` ``[n, 2, T, …]`` and ``mu`` ``[n]`` — one row per answer
     (of ``labeler`` only, if given) that can be trained on ("can't tell" and pairs without
-    segments are left out)."""
+    segments are left out).  Every pair trained on must have the shapes of the first."""
     rows, mus, envs = [], [], set()
-    for d in read_jsonl(path):
-        if not d.get("segments"):
+    shapes = None
+    for i, d in _records(path):
+        answers = [lab for lab in d.get("labels") or []
+                   if MU[lab["choice"]] is not None and (labeler is None or lab["labeler"] == labeler)]
+        if d.get("segments") is None or not answers:
             continue
-        arrays = None
-        for lab in d.get("labels") or []:
-            if MU[lab["choice"]] is None or (labeler is not None and lab["labeler"] != labeler):
-                continue
-            if arrays is None:
-                z = np.load(io.BytesIO(base64.b64decode(d["segments"])))
-                arrays = {k: z[k] for k in ("obs", "action", "true_reward")}
-            rows.append(arrays)
+        with _at(Path(path), i):
+            _, arrays = _segments(d["segments"])
+            try:
+                check_pair(arrays, shapes)
+            except ValueError as e:
+                raise _Bad("segments", f"{e}, as the pairs before it") from None
+        shapes = shapes or {k: arrays[k].shape for k in TRAIN_KEYS}
+        for lab in answers:
+            rows.append({k: arrays[k] for k in TRAIN_KEYS})
             mus.append(MU[lab["choice"]])
-            envs.add(d.get("env") or d.get("info", {}).get("env"))
+            envs.add(d.get("env") or (d.get("info") or {}).get("env"))
     if not rows:
         raise ValueError(f"{path}: no answers that can be trained on (left, right or tie with saved segments)")
     if len(envs) > 1:

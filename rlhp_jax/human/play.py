@@ -31,8 +31,9 @@ play-only app of :func:`create_play_app`; the same token guard and body cap prot
   ``POST /api/play/save``            end the current episode and write the demo file
                                      → ``{"path", "steps", "episodes", "returns"}``
 Bad input is a 4xx with an ``error`` message (malformed JSON 400, wrong fields 422, nothing to
-save or a finished session 409) and changes nothing.  No path from a request reaches the file
-system: the output file is fixed when the session is made.
+save or a finished session 409, an unknown route 404: every error has this one shape, as on the
+labeling page) and changes nothing; without a token only this machine's host names are answered.
+No path from a request reaches the file system: the output file is fixed when the session is made.
 """
 
 # no ``from __future__ import annotations``: FastAPI reads the routes' annotations (local models)
@@ -518,12 +519,9 @@ def add_play_routes(app, session: PlaySession, title: str | None = None):
     from fastapi.exception_handlers import request_validation_exception_handler as fastapi_default
 
     if api.exception_handlers.get(RequestValidationError, fastapi_default) is fastapi_default:
-        # a bare FastAPI app: answer as create_app's app does (which installs this same handler)
-        @api.exception_handler(RequestValidationError)
-        async def invalid(request: Request, exc: RequestValidationError):
-            from rlhp_jax.human.server import validation_error_response
+        from rlhp_jax.human.server import json_errors
 
-            return validation_error_response(exc)
+        json_errors(api)  # a bare FastAPI app: errors in the shape of create_app's app (which installs the same)
 
     @api.exception_handler(PlayError)
     async def play_error(request: Request, exc: PlayError):
@@ -575,9 +573,10 @@ def create_play_app(session: PlaySession, *, token: str | None = None, max_body:
     from fastapi import FastAPI
     from fastapi.responses import RedirectResponse
 
-    from rlhp_jax.human.server import MAX_BODY, _Guard
+    from rlhp_jax.human.server import MAX_BODY, _Guard, json_errors
 
     app = FastAPI(title="rlhp_jax play", docs_url=None, redoc_url=None, openapi_url=None)
+    json_errors(app)
 
     @app.get("/")
     def root():

@@ -5,44 +5,65 @@
 ``python -m rlhp_jax.human serve``).
 
 API (JSON; every route needs the access token when one is set)
-  ``GET  /``                      the page
+  ``GET  /``                      the page (also ``HEAD``)
   ``GET  /api/next?labeler=NAME`` lease the next pair → ``{"pair": {...} | null, "status": {...}}``
   ``POST /api/label``             ``{"pair": ID, "lease": TOKEN, "choice": "left|right|tie|cant_tell"}``
   ``POST /api/release``           ``{"lease": TOKEN}`` give a pair back (skip)
   ``GET  /api/status?labeler=``   counts and what the trainer published (labels due, steps, …)
-  ``GET  /api/clip/{pair}/{side}`` the MP4 of a pair's left or right clip (byte ranges supported)
+  ``GET  /api/clip/{pair}/{side}`` the MP4 of a pair's left or right clip (byte ranges supported;
+                                  also ``HEAD``)
+A labeler's name is checked by :func:`~rlhp_jax.human.store.check_labeler`; the page gets that
+rule's character class in its settings and applies the same check before it sends a name.
 
 Safety: binds to 127.0.0.1 unless told otherwise, and refuses a non-loopback address without
-an access token.  The token is accepted as ``Authorization: Bearer``, as ``?token=`` (the URL
-the server prints; the page then keeps it in an HttpOnly cookie so its videos load) or as that
-cookie.  Bodies over ``MAX_BODY`` bytes are refused with 413 before they are read; malformed
-JSON is a 400, a well-formed request with wrong fields a 422, an unknown pair a 404, a
-withdrawn pair a 410, a lease that does not belong to the pair a 409; none of them writes
-anything.  Clips are addressed by pair id and side only: no path from a request ever reaches
-the file system, and stored paths are re-checked to stay inside the run directory.
+an access token of at least ``MIN_PUBLIC_TOKEN`` characters (:func:`check_binding`, the one home
+of these rules; ``--token auto`` makes one).  The token is accepted as ``Authorization: Bearer``,
+as ``?token=`` (the URL the server prints; the page then keeps it in an HttpOnly cookie so its
+videos load) or as that cookie.  Without a token only requests addressed to this machine's own
+names (``Host``: localhost, 127.x.y.z or [::1], any port) are answered, so a web site whose DNS
+name is re-pointed at 127.0.0.1 (DNS rebinding) gets a 403, not the API.  These checks and the
+body cap live in one ASGI middleware (``_Guard``) that the play page shares.
+
+Errors: every error is ``{"error": message}`` with a 4xx status, whatever raised it (this app or
+FastAPI itself), and none writes anything: a wrong host name 403, a missing token 401, a body
+over ``MAX_BODY`` bytes 413 (refused before it is read), a body that is not JSON (not UTF-8,
+malformed, nested too deep) 400, a well-formed request with wrong fields 422, a bad labeler name
+400, an unknown route or pair 404, a method a route lacks 405, a withdrawn pair 410, a lease that
+does not belong to the pair 409.  Clips are addressed by pair id and side only: no path from a
+request ever reaches the file system, and stored paths are re-checked to stay inside the run
+directory.
 """
 
 
+import argparse
 import hmac
 import html
+import http.client
 import ipaddress
 import json
+import re
 import secrets
 import socket
+import string
 import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from rlhp_jax.human.store import DEFAULT_LEASE_S, LabelStore, StoreError, UnknownQuery, check_labeler
+from rlhp_jax.human.store import (DEFAULT_LEASE_S, MAX_LEASE_S, LabelStore, StoreError, UnknownQuery, check_labeler,
+                                  check_lease_s, labeler_chars)
 
 MAX_BODY = 8 * 1024  # an answer is ~150 bytes
 TOKEN_COOKIE = "rlhp_token"
+MIN_PUBLIC_TOKEN = 16  # characters of a token that guards a page other machines can reach
+_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "-._~")  # safe in a URL, a header and a cookie
+_HOST_HEADER = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(?::[0-9]{1,5})?")  # name or [IPv6], then an optional port
 _STATIC = Path(__file__).with_name("static")
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    """``host`` (an address or ``localhost``, no port, no brackets) names this machine."""
+    if host.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -50,15 +71,47 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_local_host_header(value: str) -> bool:
+    """A ``Host`` header naming this machine: localhost, 127.x.y.z or [::1], with or without a port."""
+    m = _HOST_HEADER.fullmatch(value)
+    return m is not None and is_loopback(m.group(1).removeprefix("[").removesuffix("]"))
+
+
 def check_binding(host: str, token: str | None) -> None:
-    """Refuse to serve beyond this machine without an access token."""
-    if not is_loopback(host) and not token:
+    """The rules for serving a page (labeling or play), checked before anything is created.
+
+    A token, when given, is letters, digits and - . _ ~ only (it travels in the printed URL, a
+    header and a cookie, which would mangle anything else).  Beyond this machine a token is
+    required, of at least ``MIN_PUBLIC_TOKEN`` characters; ``auto`` generates a strong one."""
+    if token and token != "auto" and not set(token) <= _TOKEN_CHARS:
+        raise ValueError("The access token may hold only letters, digits and - . _ ~ (it travels in the page's URL "
+                         "and a cookie): choose another, or --token auto to generate one.")
+    if is_loopback(host):
+        return
+    if not token:
         raise ValueError(f"Serving on {host} makes the page reachable from other machines: give an access token "
                          "(--token SECRET, or --token auto to generate one), or bind to 127.0.0.1.")
+    if token != "auto" and len(token) < MIN_PUBLIC_TOKEN:
+        raise ValueError(f"Serving on {host} makes the page reachable from other machines: its access token must be "
+                         f"at least {MIN_PUBLIC_TOKEN} characters (this one has {len(token)}); --token auto generates "
+                         "one.")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None):
+    """The one shape of every error this package's pages answer: ``{"error": message}``."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status, headers=headers)
 
 
 class _Guard:
-    """ASGI middleware: the access token on every request, and a hard cap on body size."""
+    """ASGI middleware in front of every page this package serves (labeling and play): what a
+    request must pass before any route sees it (module docstring, "Safety").  Without a token,
+    the ``Host`` header must name this machine (403); with one, the token (401).  Bodies over
+    ``max_body`` bytes are refused (413) before they are read, or as soon as the cap is passed
+    (chunked uploads have no Content-Length to check).  An error a route answers in another shape
+    than JSON (Starlette's FileResponse answers a Range it cannot serve in plain text) leaves as
+    ``{"error": ...}`` (:func:`_json_errors_only`)."""
 
     def __init__(self, app, token: str | None, max_body: int):
         self.app, self.token, self.max_body = app, token, max_body
@@ -67,23 +120,13 @@ class _Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         from starlette.requests import Request
-        from starlette.responses import JSONResponse
 
         request = Request(scope)
-        set_cookie = False
-        if self.token:
-            given = _bearer(request.headers.get("authorization", "")) or request.cookies.get(TOKEN_COOKIE)
-            from_query = request.query_params.get("token")
-            if from_query is not None:
-                given, set_cookie = from_query, True
-            if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
-                return await JSONResponse({"error": "missing or wrong access token: open the URL the server printed "
-                                                    "(it ends in ?token=...)"}, 401)(scope, receive, send)
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return await JSONResponse({"error": f"request body over {self.max_body} bytes"}, 413)(scope, receive, send)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return await error_response(*refusal)(scope, receive, send)
+        set_cookie = bool(self.token) and "token" in request.query_params
 
-        # Read the body here, up to the cap (chunked uploads have no Content-Length to check).
         body, more = b"", scope["method"] in ("POST", "PUT", "PATCH")
         while more:
             message = await receive()
@@ -92,8 +135,7 @@ class _Guard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_body:
-                return await JSONResponse({"error": f"request body over {self.max_body} bytes"}, 413)(
-                    scope, receive, send)
+                return await error_response(413, f"request body over {self.max_body} bytes")(scope, receive, send)
         replayed = False
 
         async def replay():
@@ -109,19 +151,87 @@ class _Guard:
                 message = dict(message, headers=list(message.get("headers", [])) + [(b"set-cookie", cookie.encode())])
             await send(message)
 
-        await self.app(scope, replay, send_with_cookie)
+        await self.app(scope, replay, _json_errors_only(send_with_cookie))
+
+    def _refusal(self, request) -> tuple[int, str] | None:
+        """(status, message) of a request refused before any route sees it, or None."""
+        if not self.token:
+            host = request.headers.get("host", "")
+            if not is_local_host_header(host):
+                return 403, (f"refused: host name {host!r} is not this machine's (localhost, 127.0.0.1 or [::1]); "
+                             "open the URL the server printed, or serve with an access token (--token) to be "
+                             "reached by other names")
+        else:
+            given = _bearer(request.headers.get("authorization", "")) or request.cookies.get(TOKEN_COOKIE)
+            given = request.query_params.get("token", given)
+            if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
+                return 401, "missing or wrong access token: open the URL the server printed (it ends in ?token=...)"
+        length = request.headers.get("content-length")
+        if length is not None and not (length.isascii() and length.isdigit()):
+            return 400, f"Content-Length {length!r} is not a number of bytes"
+        if length is not None and int(length) > self.max_body:
+            return 413, f"request body over {self.max_body} bytes"
+        return None
+
+
+def _json_errors_only(send):
+    """``send`` for an app whose error answers (status >= 400) that are not JSON are rewritten as
+    ``{"error": their text, or the status's name}``, other headers kept (e.g. Content-Range)."""
+    held, chunks = None, []
+
+    async def shaped(message):
+        nonlocal held
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            ctype = dict(message.get("headers", [])).get(b"content-type", b"")
+            if not ctype.startswith(b"application/json"):
+                held = message
+                return
+        if held is None or message["type"] != "http.response.body":
+            return await send(message)
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        text = b"".join(chunks).decode("utf-8", "replace").strip() or http.client.responses.get(held["status"], "")
+        body = json.dumps({"error": text or f"HTTP {held['status']}"}).encode()
+        headers = [(k, v) for k, v in held.get("headers", []) if k.lower() not in (b"content-type", b"content-length")]
+        await send(dict(held, headers=headers + [(b"content-type", b"application/json"),
+                                                 (b"content-length", str(len(body)).encode())]))
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return shaped
 
 
 def validation_error_response(exc):
     """Malformed JSON -> 400; wrong fields or values -> 422 naming each (every page's API)."""
-    from fastapi.responses import JSONResponse
-
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return JSONResponse({"error": "malformed JSON"}, 400)
+        return error_response(400, "malformed JSON")
     detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
                        for e in errors)
-    return JSONResponse({"error": f"invalid request: {detail}"}, 422)
+    return error_response(422, f"invalid request: {detail}")
+
+
+def json_errors(api) -> None:
+    """Make every error the FastAPI app ``api`` answers ``{"error": message}``: its routes'
+    HTTPExceptions; FastAPI's own (an unknown route 404, a method the route lacks 405, a body it
+    cannot parse, such as invalid UTF-8 or JSON nested too deep, 400); invalid requests
+    (:func:`validation_error_response`); and, were a route to fail, the 500 (the error is still
+    raised to the server's log)."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    async def http_error(request, exc: HTTPException):
+        return error_response(exc.status_code, str(exc.detail), exc.headers)
+
+    async def invalid(request, exc: RequestValidationError):
+        return validation_error_response(exc)
+
+    async def failed(request, exc: Exception):
+        return error_response(500, "internal error: see the server's log")
+
+    api.add_exception_handler(HTTPException, http_error)
+    api.add_exception_handler(RequestValidationError, invalid)
+    api.add_exception_handler(Exception, failed)
 
 
 def _bearer(header: str) -> str | None:
@@ -132,14 +242,16 @@ def _bearer(header: str) -> str | None:
 def create_app(store: LabelStore, *, token: str | None = None, title: str = "Which clip is better?",
                instructions: str = "", lease_s: float = DEFAULT_LEASE_S, max_body: int = MAX_BODY,
                poll_s: float = 3.0):
-    """The FastAPI app over ``store``.  ``instructions`` is plain text (paragraphs separated by
-    blank lines; lines starting with "- " become a list), shown above the clips."""
+    """The FastAPI app over ``store``, behind the guard (module docstring).  ``instructions`` is
+    plain text (paragraphs separated by blank lines; lines starting with "- " become a list),
+    shown above the clips.  ``lease_s``: see :func:`~rlhp_jax.human.store.check_lease_s`."""
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+    from fastapi.responses import FileResponse, HTMLResponse
     from pydantic import BaseModel, ConfigDict, Field
 
+    lease_s = check_lease_s(lease_s)
     app = FastAPI(title="rlhp_jax labeling", docs_url=None, redoc_url=None, openapi_url=None)
+    json_errors(app)
 
     class Answer(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -151,16 +263,13 @@ def create_app(store: LabelStore, *, token: str | None = None, title: str = "Whi
         model_config = ConfigDict(extra="forbid")
         lease: str = Field(min_length=1, max_length=64)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        return validation_error_response(exc)
-
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError):
-        return JSONResponse({"error": str(exc)}, exc.status)
+        return error_response(exc.status, str(exc))
 
     page = (_STATIC / "index.html").read_text(encoding="utf-8")
-    settings = json.dumps(dict(title=title, poll_ms=int(poll_s * 1000), lease_s=lease_s)).replace("<", "\\u003c")
+    settings = json.dumps(dict(title=title, poll_ms=int(poll_s * 1000), lease_s=lease_s,
+                               name_chars=labeler_chars())).replace("<", "\\u003c")
     page = (page.replace("{{TITLE}}", html.escape(title))
                 .replace("{{INSTRUCTIONS}}", render_instructions(instructions))
                 .replace("{{SETTINGS}}", settings))
@@ -168,7 +277,7 @@ def create_app(store: LabelStore, *, token: str | None = None, title: str = "Whi
     def status(labeler: str | None = None) -> dict[str, Any]:
         return dict(store.counts(labeler), trainer=store.meta())
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     def index():
         return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
@@ -197,7 +306,7 @@ def create_app(store: LabelStore, *, token: str | None = None, title: str = "Whi
     def get_status(labeler: str | None = None):
         return status(check_labeler(labeler) if labeler is not None else None)
 
-    @app.get("/api/clip/{pair}/{side}")
+    @app.api_route("/api/clip/{pair}/{side}", methods=["GET", "HEAD"])
     def clip(pair: str, side: Literal["left", "right"]):
         q = store.query(pair)
         path = store.resolve(q[f"{side}_clip"])
@@ -238,10 +347,22 @@ def add_server_flags(p) -> None:
                                                       "machine only)")
     p.add_argument("--port", type=int, default=8000, help="port of the labeling page (0: any free port)")
     p.add_argument("--token", default=None,
-                   help="access token every request must carry ('auto' generates one); required beyond localhost")
+                   help="access token every request must carry ('auto' generates one): letters, digits and - . _ ~; "
+                        f"required beyond localhost, of at least {MIN_PUBLIC_TOKEN} characters there")
     p.add_argument("--instructions", default=None,
                    help="what labelers should prefer, in your words (default: the paper's text for its tasks)")
-    p.add_argument("--lease", type=float, default=DEFAULT_LEASE_S, help="seconds a pair stays with one labeler")
+    p.add_argument("--lease", type=lease_seconds, default=DEFAULT_LEASE_S,
+                   help=f"seconds a pair stays with one labeler before it is offered again: more than 0, at most "
+                        f"{MAX_LEASE_S:g} (a day); default {DEFAULT_LEASE_S:g}")
+
+
+def lease_seconds(text: str) -> float:
+    """``--lease``: :func:`~rlhp_jax.human.store.check_lease_s` as an argparse type (a usage error,
+    not a traceback or a server whose every answer fails)."""
+    try:
+        return check_lease_s(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def start_page(store: LabelStore, env: str | None, args) -> "ServerThread":

@@ -20,6 +20,9 @@ Tables
   a second answer from the same person is a no-op, never a second label.
   ``meta`` — small key/value facts the trainer publishes for the page (labels due, …).
 
+Labelers are known by the name they type (:func:`check_labeler`: NFC, 1-64 letters or numbers of
+any script, spaces and - _ . @; the page checks the very same character class).
+
 Answer semantics: the first answer from a labeler counts.  A repeated or late submission is
 idempotent: it reports what was recorded and writes nothing.  A late answer to a pair that no
 one else has answered yet is still recorded (a label is worth keeping).  An answer to a
@@ -30,18 +33,24 @@ withdrawn pair is refused.  Labels map to the preference μ of Christiano §2.2:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import os
+import re
 import secrets
 import sqlite3
+import sys
 import threading
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 CHOICES = ("left", "right", "tie", "cant_tell")
 MU = {"left": 1.0, "right": 0.0, "tie": 0.5, "cant_tell": None}
 DEFAULT_LEASE_S = 120.0  # a pair not answered in 2 minutes goes back to the queue
+MAX_LEASE_S = 86400.0  # a day: a longer lease would keep a pair from everyone else for good
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queries (
@@ -94,6 +103,11 @@ class BadLease(StoreError):
     status = 409
 
 
+class StoreUnavailable(ValueError):
+    """The file is not a label store this process can use (not a database, damaged, a directory,
+    read-only); raised when the store is opened, before anything is written."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Offer:
     query_id: str
@@ -127,11 +141,57 @@ class Submitted:
     reason: str = ""
 
 
+LABELER_PUNCTUATION = " _.@-"
+
+
+@functools.cache
+def labeler_chars() -> str:
+    """The characters a labeler's name may hold, as the body of a regular-expression character
+    class that Python's ``re`` and JavaScript's ``RegExp(..., "u")`` read alike: every Unicode
+    letter and number (general category L* or N*, as this Python's ``unicodedata`` has them) in
+    ranges of literal characters, then space _ . @ - (the page gets this string, so its check is
+    the server's, whatever Unicode version the browser knows)."""
+    ranges, start = [], None
+    for code in range(sys.maxunicode + 2):
+        ok = code <= sys.maxunicode and unicodedata.category(chr(code))[0] in "LN"
+        if ok and start is None:
+            start = code
+        elif not ok and start is not None:
+            ranges.append(chr(start) if start == code - 1 else f"{chr(start)}-{chr(code - 1)}")
+            start = None
+    return "".join(ranges) + LABELER_PUNCTUATION
+
+
+@functools.cache
+def _labeler_re() -> re.Pattern:
+    return re.compile(f"[{labeler_chars()}]{{1,64}}")
+
+
+def normalize_labeler(name: str) -> str:
+    """A name as typed -> as compared and recorded: NFC, spaces (only) stripped from both ends."""
+    return unicodedata.normalize("NFC", name).strip(" ")
+
+
 def check_labeler(name: str) -> str:
-    name = (name or "").strip()
-    if not 1 <= len(name) <= 64 or not all(c.isalnum() or c in "-_.@ " for c in name):
+    """The labeler's name as recorded, or :class:`StoreError`: after :func:`normalize_labeler`,
+    1-64 code points, each a letter or number in any script or one of space _ . @ -.  The page
+    applies the same rule (``static/index.html``, with :func:`labeler_chars`)."""
+    name = normalize_labeler(name if isinstance(name, str) else "")
+    if _labeler_re().fullmatch(name) is None:
         raise StoreError("labeler must be 1-64 characters of letters, digits, spaces and - _ . @")
     return name
+
+
+def check_lease_s(lease_s: float) -> float:
+    """How long an offer holds: a finite number of seconds, more than 0 and at most a day."""
+    try:
+        value = float(lease_s)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0 < value <= MAX_LEASE_S:  # NaN fails every comparison
+        raise ValueError(f"a lease must be a number of seconds more than 0 and at most {MAX_LEASE_S:g} "
+                         f"(a day), got {lease_s!r}")
+    return value
 
 
 class LabelStore:
@@ -150,7 +210,14 @@ class LabelStore:
         self.path = Path(path) if path is not None else self.root / self.FILENAME
         self.clock = clock
         self._local = threading.local()
-        self._conn().executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); executescript manages its own commit
+        why = _unusable_reason(self.path)
+        if why is not None:
+            raise StoreUnavailable(f"{self.path} is not a label store: {why}")
+        try:
+            self._conn().executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); executescript manages its own commit
+        except sqlite3.Error as e:  # damaged beyond its header, unreadable: SQLite refused before writing to it
+            self.close()
+            raise StoreUnavailable(f"{self.path} is not a label store SQLite can use ({e})") from None
 
     # ------------------------------------------------------------------ connections
     def _conn(self) -> sqlite3.Connection:
@@ -165,24 +232,48 @@ class LabelStore:
         return conn
 
     class _Tx:
+        """One write transaction; inside another one (of this thread's connection) a savepoint of
+        it instead, so :meth:`transaction` makes several writes commit together or not at all."""
+
         def __init__(self, conn):
             self.conn = conn
 
         def __enter__(self):
-            self.conn.execute("BEGIN IMMEDIATE")  # one writer at a time: leases and answers never race
+            self.nested = self.conn.in_transaction
+            # one writer at a time: leases and answers never race
+            self.conn.execute("SAVEPOINT nested" if self.nested else "BEGIN IMMEDIATE")
             return self.conn
 
         def __exit__(self, exc_type, *_):
-            self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+            if not self.nested:
+                self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+                return
+            if exc_type:  # undo this block only; the outer transaction decides the rest
+                self.conn.execute("ROLLBACK TO nested")
+            self.conn.execute("RELEASE nested")
 
     def _tx(self):
         return self._Tx(self._conn())
+
+    def transaction(self):
+        """A context in which this thread's writes (:meth:`add_query`, :meth:`add_label`,
+        :meth:`withdraw`, …) form one transaction: all committed at its end, or none if it raises
+        (importing a labeled set is all or nothing).  It holds the write lock throughout: keep it short."""
+        return self._tx()
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+    def check_writable(self) -> None:
+        """Raise :class:`StoreUnavailable` unless answers can be recorded here: the file and its
+        directory (where SQLite keeps the write-ahead log) must be writable."""
+        for what, path in (("file", self.path), ("directory", self.path.parent)):
+            if path.exists() and not os.access(path, os.W_OK):
+                raise StoreUnavailable(f"{self.path} is read-only (its {what} is not writable): answers could not "
+                                       "be recorded")
 
     # ------------------------------------------------------------------ paths
     def relative(self, path: str | os.PathLike) -> str:
@@ -247,8 +338,10 @@ class LabelStore:
 
         A labeler who still holds a live lease gets the same pair again (a page reload does not
         skip a pair).  Otherwise the oldest open pair that this labeler has not answered and that
-        is not leased to someone else (beyond the answers still wanted) is leased."""
+        is not leased to someone else (beyond the answers still wanted) is leased.  ``lease_s``:
+        see :func:`check_lease_s` (ValueError otherwise)."""
         labeler = check_labeler(labeler)
+        lease_s = check_lease_s(lease_s)
         now = self.clock()
         with self._tx() as db:
             held = db.execute(
@@ -360,6 +453,34 @@ class LabelStore:
 
     def meta(self) -> dict[str, Any]:
         return {r["key"]: json.loads(r["value"]) for r in self._conn().execute("SELECT * FROM meta").fetchall()}
+
+
+def _unusable_reason(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be opened as a store, judged from its first 100 bytes without
+    SQLite (which would first create journal files beside it), or None (absent or empty: a new
+    store; or a sound-looking SQLite database).  Damage deeper in a file that passes is reported
+    by SQLite when the store is opened or read."""
+    try:
+        if not path.exists():
+            return None
+        if path.is_dir():
+            return "it is a directory"
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
+    if not head:
+        return None
+    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
+        return "it is not an SQLite database"
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big")
+    size_valid = head[92:96] == head[24:28]  # the header's page count is current (SQLite >= 3.7.0)
+    size = path.stat().st_size
+    if size_valid and not Path(f"{path}-wal").exists() and size < page * pages:
+        return f"it is cut short ({size} of its {page * pages} bytes)"
+    return None
 
 
 def check_query_id(qid: str) -> str:

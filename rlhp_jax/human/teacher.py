@@ -10,7 +10,11 @@ asynchronous and the driver never waits on it (except, optionally, for the first
 * ``collect(cursor)`` returns the answers recorded since ``cursor`` (the id of the last answer
   the trainer consumed, saved in its checkpoints) together with their pairs' arrays.  After a
   crash the trainer resumes from its checkpoint's cursor, so answers given while it was down,
-  or after its last checkpoint, are picked up, and none is used twice.
+  or after its last checkpoint, are picked up, and none is used twice.  An answer whose pair
+  cannot be learned from (``check_pair``: no saved segments, as an imported display-only pair
+  has; an unreadable file; arrays not shaped as the run's ``pair_shapes``) is skipped with one
+  warning per pair and the cursor moves past it: nothing in a store can stop the trainer, nor
+  stop it again after a restart.
 
 Every file is written to a temporary name and renamed into place (a killed worker leaves no
 half-written clip behind a query).
@@ -23,27 +27,88 @@ import os
 import secrets
 import threading
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 import numpy as np
 
 from rlhp_jax.demos import save_arrays
-from rlhp_jax.human.store import MU, LabelStore
+from rlhp_jax.human.store import MU, LabelStore, StoreError
 
-SEGMENT_KEYS = ("obs", "action", "true_reward", "render")
+TRAIN_KEYS = ("obs", "action", "true_reward")  # what the reward model learns from (``render`` only draws clips)
 
 
 def save_npz(path: Path, **arrays) -> None:
     save_arrays(path, arrays, compressed=False)
 
 
+def read_segments(source: str | os.PathLike | IO[bytes]) -> dict[str, np.ndarray]:
+    """Every array of a saved pair (an ``.npz`` file or file object); ValueError if it is not an
+    ``.npz`` archive of plain arrays (pickled objects are never loaded)."""
+    if isinstance(source, (str, os.PathLike)):  # opened here: np.load leaves a damaged file open
+        try:
+            f = open(source, "rb")
+        except OSError as e:
+            raise ValueError(f"cannot be read ({e.strerror or e})") from None
+        with f:
+            return read_segments(f)
+    try:
+        z = np.load(source, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 — a damaged file raises many kinds (BadZipFile, EOFError, OSError, …)
+        raise ValueError(f"not a readable .npz archive ({_one_line(e)})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError("not an .npz archive (a single array)")
+    with z:
+        try:
+            arrays = {k: z[k] for k in z.files}
+        except Exception as e:  # noqa: BLE001 — as above, for each member
+            raise ValueError(f"not a readable .npz archive ({_one_line(e)})") from None
+    for k, v in arrays.items():
+        if not isinstance(v, np.ndarray):
+            raise ValueError(f"{k} is not an array")
+    return arrays
+
+
+def check_pair(arrays: Mapping[str, Any], shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+    """Raise ValueError unless ``arrays`` are a pair the reward model can learn from: ``obs``,
+    ``action`` and ``true_reward`` numeric, finite, ``[2, T, ...]`` with one ``T`` >= 1
+    (``true_reward`` ``[2, T]``) and, given ``shapes`` (see :func:`pair_shapes`), exactly those."""
+    for k in TRAIN_KEYS:
+        a = arrays.get(k)
+        if not isinstance(a, np.ndarray):
+            raise ValueError(f"no {k} array")
+        if a.dtype.kind not in "biuf":
+            raise ValueError(f"{k} is not numeric (dtype {a.dtype})")
+        if a.ndim < 2 or a.shape[0] != 2 or a.shape[1] < 1:
+            raise ValueError(f"{k} has shape {a.shape}, not [2, T, ...] (two segments of T >= 1 steps)")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{k} holds NaN or infinite values")
+    if arrays["true_reward"].ndim != 2:
+        raise ValueError(f"true_reward has shape {arrays['true_reward'].shape}, not [2, T]")
+    if len({arrays[k].shape[1] for k in TRAIN_KEYS}) > 1:
+        raise ValueError("obs, action and true_reward differ in length ("
+                         + ", ".join(str(arrays[k].shape[1]) for k in TRAIN_KEYS) + " steps)")
+    for k in TRAIN_KEYS if shapes is not None else ():
+        if arrays[k].shape != tuple(shapes[k]):
+            raise ValueError(f"{k} has shape {arrays[k].shape}, not {tuple(shapes[k])}")
+
+
+def pair_shapes(spec, segment_length: int) -> dict[str, tuple[int, ...]]:
+    """The shape of each array of one pair a run's label buffer holds, for :func:`check_pair`."""
+    return dict(obs=(2, segment_length, *spec.obs_shape), action=(2, segment_length, *spec.action_shape),
+                true_reward=(2, segment_length))
+
+
 def load_pair(store: LabelStore, query: dict) -> dict[str, np.ndarray]:
-    """The saved arrays of one query: ``obs``/``action``/``true_reward`` ``[2, T, ...]``."""
+    """The saved arrays of one query: ``obs``/``action``/``true_reward`` ``[2, T, ...]`` (unchecked)."""
     if not query.get("segments"):
-        raise ValueError(f"pair {query['id']} has no saved segments (a display-only pair): it cannot be trained on")
-    with np.load(store.resolve(query["segments"])) as z:
-        return {k: z[k] for k in z.files}
+        raise ValueError("it has no saved segments (a display-only pair)")
+    return read_segments(store.resolve(query["segments"]))
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def write_clips(env: str, pair: dict[str, np.ndarray], left: Path, right: Path,
@@ -60,12 +125,17 @@ def write_clips(env: str, pair: dict[str, np.ndarray], left: Path, right: Path,
 
 
 class HumanTeacher:
-    """Asks through a :class:`LabelStore` in ``run_dir``; one rendering worker thread."""
+    """Asks through a :class:`LabelStore` in ``run_dir``; one rendering worker thread.
+
+    ``pair_shapes`` (:func:`pair_shapes`): the arrays the trainer's label buffer takes; answers to
+    pairs of other shapes are skipped.  None: the shapes of the first usable pair collected."""
 
     def __init__(self, run_dir: str | os.PathLike, env: str, render_fields: Sequence[str] = (), wanted: int = 1,
-                 store: LabelStore | None = None):
+                 store: LabelStore | None = None, pair_shapes: Mapping[str, Sequence[int]] | None = None):
         self.run_dir = Path(run_dir)
         self.env, self.render_fields, self.wanted = env, tuple(render_fields), wanted
+        self.pair_shapes = None if pair_shapes is None else {k: tuple(pair_shapes[k]) for k in TRAIN_KEYS}
+        self._skipped: set[str] = set()  # pairs already warned about
         self.store = store or LabelStore(self.run_dir)
         (self.run_dir / "clips").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "segments").mkdir(parents=True, exist_ok=True)
@@ -118,20 +188,42 @@ class HumanTeacher:
         return self.in_flight() + len(self.store.open_queries())
 
     def collect(self, cursor: int) -> tuple[list, dict[str, np.ndarray] | None, np.ndarray, int]:
-        """Answers after ``cursor``: ``(labels, pairs [n, 2, T, ...] or None, mu [n] (NaN: can't tell), new cursor)``."""
+        """Answers after ``cursor`` that can be learned from: ``(labels, pairs {obs, action,
+        true_reward: [n, 2, T, ...]} or None, mu [n] (NaN: can't tell), new cursor)``.  The new
+        cursor is past every answer read, the skipped ones too (see the module docstring)."""
         self._check()
-        labels = self.store.labels_since(cursor)
-        if not labels:
+        answers = self.store.labels_since(cursor)
+        if not answers:
             return [], None, np.zeros((0,), np.float32), cursor
-        arrays = [load_pair(self.store, self.store.query(lab.query_id)) for lab in labels]
-        keys = [k for k in SEGMENT_KEYS if all(k in a for a in arrays)]
-        pairs = {k: np.stack([a[k] for a in arrays]) for k in keys}
+        arrays: dict[str, dict[str, np.ndarray] | None] = {}
+        for lab in answers:
+            if lab.query_id not in arrays:
+                arrays[lab.query_id] = self._trainable(lab.query_id)
+        labels = [lab for lab in answers if arrays[lab.query_id] is not None]
+        if not labels:
+            return [], None, np.zeros((0,), np.float32), answers[-1].id
+        pairs = {k: np.stack([arrays[lab.query_id][k] for lab in labels]) for k in TRAIN_KEYS}
         mu = np.asarray([np.nan if MU[lab.choice] is None else MU[lab.choice] for lab in labels], np.float32)
-        return labels, pairs, mu, labels[-1].id
+        return labels, pairs, mu, answers[-1].id
+
+    def _trainable(self, query_id: str) -> dict[str, np.ndarray] | None:
+        """The arrays of a pair to learn from, or None (with a warning, once per pair)."""
+        try:
+            arrays = load_pair(self.store, self.store.query(query_id))
+            check_pair(arrays, self.pair_shapes)
+        except (ValueError, StoreError) as e:
+            if query_id not in self._skipped:
+                self._skipped.add(query_id)
+                warnings.warn(f"pair {query_id} cannot be trained on, its answers are skipped: {e}", stacklevel=3)
+            return None
+        if self.pair_shapes is None:
+            self.pair_shapes = {k: arrays[k].shape for k in TRAIN_KEYS}
+        return {k: arrays[k] for k in TRAIN_KEYS}
 
     def withdraw_older_than(self, env_steps: int) -> int:
-        """Withdraw open pairs made before ``env_steps`` (their policy is long gone)."""
-        old = [q for q in self.store.open_queries() if self.store.query(q)["info"].get("env_steps", 0) < env_steps]
+        """Withdraw open pairs made before ``env_steps`` (their policy is long gone); a pair
+        whose ``info.env_steps`` is missing or not a number counts as made at step 0."""
+        old = [q for q in self.store.open_queries() if _made_at(self.store.query(q)["info"]) < env_steps]
         return self.store.withdraw(old)
 
     def wait_idle(self, timeout: float | None = None) -> None:
@@ -143,3 +235,9 @@ class HumanTeacher:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._check()
+
+
+def _made_at(info: Any) -> float:
+    """The environment step a pair was made at, from its ``info`` (0 when unknown)."""
+    steps = info.get("env_steps", 0) if isinstance(info, dict) else 0
+    return steps if isinstance(steps, (int, float)) and not isinstance(steps, bool) else 0
