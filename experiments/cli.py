@@ -56,7 +56,8 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--baseline", action="store_true", help="train the same agent on the true reward instead")
     p.add_argument("--out", default=None, help=f"output directory (default {domain.out_root}/ENV-...-seedN)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
-                   help="continue a run from its newest checkpoint, with its saved configuration")
+                   help="continue a run from its newest checkpoint, with its saved configuration (a run stopped "
+                        "before its first checkpoint starts again from it)")
     p.add_argument("--selection", choices=["disagreement", "random"], default=None,
                    help="query selection: ensemble disagreement (paper) or random")
     p.add_argument("--members", type=int, default=None, help="reward-model ensemble size (default 3)")
@@ -125,6 +126,10 @@ def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
         raise ValueError("--agent dqfd runs with the synthetic oracle only for now; label with people through "
                          "the Christiano setup (--agent a2c --teacher human).")
     d = dict(domain.ibarz_settings(args, args.env))
+    if args.agent_config:
+        from rlhp_jax.agents.dqfd import DQfDConfig
+
+        d["agent_config"] = agent_config("dqfd", args.env, args.agent_config, d.get("agent_config", DQfDConfig()))
     setup = args.setup or "demos+prefs"
     given = dict(labels=args.labels, total_steps=args.steps, iteration_steps=args.iteration_steps,
                  segment_length=args.segment_length, rate_constant=args.rate_constant, demo_fraction=args.demo_fraction,
@@ -142,23 +147,31 @@ def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
 
 
 def agent_config(agent: str, env: str, overrides: list[str], base=None):
-    """The agent's preset for ``env`` (or ``base``) with FIELD=VALUE overrides (Python literals)."""
+    """The agent's preset for ``env`` (or ``base``) with FIELD=VALUE overrides: Python literals,
+    except for text fields, which take VALUE as written.  The agent config checks the values
+    itself (declared types, ranges: ``rlhp_jax.agents.common.check_config``), so a value of the
+    wrong kind is a ValueError naming the field, raised before anything is built."""
     from rlhp_jax.agents import default_config
 
     cfg = base if base is not None else default_config(agent, env)
+    fields = [f.name for f in dataclasses.fields(cfg)]
     changes = {}
     for item in overrides:
         name, sep, value = item.partition("=")
-        if not sep or not hasattr(cfg, name):
-            fields = ", ".join(f.name for f in dataclasses.fields(cfg))
-            raise ValueError(f"--agent-config expects FIELD=VALUE with FIELD one of: {fields}; got {item!r}")
-        current = getattr(cfg, name)
+        if not sep or name not in fields:
+            raise ValueError(f"--agent-config expects FIELD=VALUE with FIELD one of: {', '.join(fields)}; got {item!r}")
+        if isinstance(getattr(cfg, name), str):
+            changes[name] = value
+            continue
         try:
-            parsed = value if isinstance(current, str) else ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            raise ValueError(f"--agent-config {name}: cannot parse {value!r}") from None
-        changes[name] = tuple(parsed) if isinstance(current, tuple) else type(current)(parsed)
-    return dataclasses.replace(cfg, **changes)
+            changes[name] = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise ValueError(f"--agent-config {name}: cannot parse {value!r} (a Python literal: 3e-4, (64, 64), "
+                             "True, None)") from None
+    try:
+        return dataclasses.replace(cfg, **changes)
+    except ValueError as e:
+        raise ValueError(f"--agent-config: {e}") from None
 
 
 def config_from_args(args: argparse.Namespace, domain: Domain):
@@ -240,54 +253,30 @@ def main(domain: Domain, argv=None) -> int:
     args = parser.parse_args(argv)
     from rlhp_jax.checkpoint import CheckpointError
     from rlhp_jax.demos import DemoError
-    from rlhp_jax.driver import PreferenceRun, config_from_json
+    from rlhp_jax.driver import PreferenceRun, RunConfig, read_run_config
 
     try:
         if args.agent != "dqfd" and not args.resume:
             given = [f"--{k.replace('_', '-')}" for k in IBARZ_ONLY if getattr(args, k, None) is not None]
             if given:
                 raise ValueError(f"{' '.join(given)} belong(s) to Ibarz et al.'s protocol: add --agent dqfd.")
-        ibarz_cfg = None
         if args.resume:
-            run_dir = Path(args.resume)
-            saved = run_dir / "config.json"
-            if saved.is_file():
-                try:
-                    if json.loads(saved.read_text()).get("protocol") == "ibarz":
-                        from rlhp_jax.ibarz import config_from_json as ibarz_from_json
-
-                        ibarz_cfg = dataclasses.replace(ibarz_from_json(json.loads(saved.read_text())),
-                                                        out=str(run_dir))
-                except json.JSONDecodeError:
-                    pass
-        elif args.agent == "dqfd":
-            ibarz_cfg = ibarz_config_from_args(args, domain)
-        if ibarz_cfg is not None:
-            if args.resume:
-                flags = _given_flags(parser, args)
-                if flags:
-                    raise ValueError(f"--resume continues a run with its saved configuration; drop {' '.join(flags)}.")
-            from rlhp_jax.ibarz import IbarzRun
-
-            summary = IbarzRun(ibarz_cfg, progress=not args.no_progress, resume=bool(args.resume)).run()
-            print(json.dumps(summary, indent=2))
-            print(f"metrics, plots, TensorBoard events and checkpoints in {ibarz_cfg.out}/")
-            return 0
-
-        if args.resume:
-            run_dir = Path(args.resume)
             flags = _given_flags(parser, args)
             if flags:
                 raise ValueError(f"--resume continues a run with its saved configuration; drop {' '.join(flags)}.")
-            if not (run_dir / "config.json").is_file():
-                raise ValueError(f"Cannot resume {run_dir}: no config.json there (is it a run directory?).")
-            try:
-                cfg = config_from_json(json.loads((run_dir / "config.json").read_text()))
-            except (json.JSONDecodeError, TypeError, KeyError) as e:
-                raise ValueError(f"Cannot resume {run_dir}: config.json is unreadable ({e}).") from None
-            cfg = dataclasses.replace(cfg, out=str(run_dir))
+            cfg = read_run_config(args.resume)
+        elif args.agent == "dqfd":
+            cfg = ibarz_config_from_args(args, domain)
         else:
             cfg = config_from_args(args, domain)
+        if not isinstance(cfg, RunConfig):  # Ibarz et al.'s protocol
+            from rlhp_jax.ibarz import IbarzRun
+
+            summary = IbarzRun(cfg, progress=not args.no_progress, resume=bool(args.resume)).run()
+            print(json.dumps(summary, indent=2))
+            print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")
+            return 0
+
         from rlhp_jax.human.server import check_binding
 
         check_binding(args.host, args.token)

@@ -7,6 +7,7 @@ Usage::
     ...
     if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(template_state)   # template: a freshly initialised state
+    ckpt.unused()   # True: nothing was ever committed here (a run killed before its first save)
 
 ``state`` is any pytree whose leaves are JAX arrays (PRNG keys from ``jax.random.PRNGKey`` and typed
 keys from ``jax.random.key`` included), NumPy arrays or NumPy/Python scalars: flax struct
@@ -315,6 +316,18 @@ class Checkpointer:
         """The newest committed step, or None if there is none."""
         steps = self.all_steps()
         return steps[-1] if steps else None
+
+    def unused(self) -> bool:
+        """True when no checkpoint was ever committed here and nothing foreign is in the way: the
+        directory does not exist, or holds no committed step and is either ours (the marker:
+        what a save killed before its commit leaves — orbax temporaries, an uncommitted step,
+        trash) or holds no step directory at all.  A run killed before its first checkpoint
+        looks like this; its next ``save`` cleans the leftovers up."""
+        if not self.directory.exists():
+            return True
+        if not self.directory.is_dir() or self.all_steps():
+            return False
+        return (self.directory / ROOT_MARKER).is_file() or not self._step_dirs()
 
     # ------------------------------------------------------------------ orbax
     def _orbax(self):

@@ -23,8 +23,11 @@ key                shape / dtype    meaning
 
 Frames are written already blanked (score area, ``rlhp_jax.atari_masks``) by the same
 environment wrapper the agent sees, so demos and agent frames are blanked identically (Ibarz
-H.7: a misalignment there drove DQfD's scores to zero).  ``load_demos(path, env)`` refuses
-demos from another game, another frame format, another action set or another blanking mask.
+H.7: a misalignment there drove DQfD's scores to zero).  ``read_demos(path)`` refuses, with a
+one-line :class:`DemoError` naming the file, anything that is not a whole, consistent demo set
+(another file type, a damaged archive, a meta field or array missing or of the wrong kind);
+``load_demos(path, env)`` also refuses demos from another game, another frame format, another
+action set or another blanking mask.
 
 Also here: :func:`autolabels` (Ibarz §2.5: each initial clip paired with a random demo clip,
 the demo preferred) and :func:`record_policy` (demos from any policy, e.g. a trained checkpoint).
@@ -277,48 +280,132 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: boo
 
 
 # ---------------------------------------------------------------------------- reading
+REQUIRED_ARRAYS = ("meta", "frames", "obs_frame", "actions", "episode_lengths")
+# the meta fields every reader relies on, with their kind ("shape": a list of positive ints)
+META_FIELDS = {"format": str, "env": str, "obs_shape": "shape", "frame_shape": "shape", "stack": int,
+               "obs_dtype": str, "num_actions": int, "mask_sha1": str}
+
+
 def read_demos(path: str | os.PathLike) -> Demos:
-    """Read and check a demo file on its own (no environment to compare with)."""
+    """Read and check a demo file on its own (no environment to compare with).
+
+    Whatever the file is — not an ``.npz``, truncated or garbled, another format, a meta record
+    or an array missing or of the wrong kind, arrays that do not fit together — it is either
+    refused with a one-line :class:`DemoError` naming it, or read into a :class:`Demos` that
+    supports everything this module does with one (observations, clips, subsets, ``describe``).
+    The file is only read."""
     path = Path(path)
     if not path.exists():
         raise DemoError(f"demo file {path} does not exist")
     if path.is_dir():
         raise DemoError(f"{path} is a directory; pass the demo .npz file")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise DemoError(f"{path} is not a demo file (a .npz written by rlhp_jax.demos): {e}") from None
-    missing = [k for k in ("meta", "frames", "obs_frame", "actions", "episode_lengths") if k not in data]
+    data = _read_npz(path)
+    missing = [k for k in REQUIRED_ARRAYS if k not in data]
     if missing:
         raise DemoError(f"{path} is not a demo file: it lacks {', '.join(missing)}")
+    meta = _read_meta(path, data["meta"])
+    demos = _demos_from_arrays(path, meta, data)
+    _check_fit(path, demos)
+    return dataclasses.replace(demos, actions=demos.actions.astype(np.int32))  # in range: checked as int64
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` (no pickles), or a DemoError."""
+    # numpy and zipfile report damaged archives with a wide, undocumented range of exceptions
+    # (BadZipFile, zlib.error, EOFError, ValueError, struct.error, NotImplementedError for an unknown
+    # compression method, RuntimeError for an "encrypted" flag, MemoryError for an absurd array
+    # header...): this block only reads the file, so any of them means the file is unusable.
     try:
-        meta = json.loads(str(data["meta"]))
-    except json.JSONDecodeError:
+        loaded = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 (see above)
+        raise DemoError(f"{path} is not a demo file (a .npz written by rlhp_jax.demos): {_one_line(e)}") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise DemoError(f"{path} holds a single array (.npy), not a demo file (a .npz written by rlhp_jax.demos)")
+    try:
+        with loaded as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:  # noqa: BLE001 (see above)
+        raise DemoError(f"{path} is damaged: {_one_line(e)}") from None
+
+
+def _read_meta(path: Path, record: np.ndarray) -> dict:
+    """The JSON meta record, with every field of :data:`META_FIELDS` present and of its kind."""
+    if record.dtype.kind != "U" or record.ndim != 0:
+        raise DemoError(f"{path}: its meta record is not a JSON text (a {record.dtype} array of shape {record.shape})")
+    try:
+        meta = json.loads(str(record))
+    except (json.JSONDecodeError, RecursionError):
         raise DemoError(f"{path}: its meta record is not JSON") from None
+    if not isinstance(meta, dict):
+        raise DemoError(f"{path}: its meta record is a JSON {type(meta).__name__}, not an object")
     if meta.get("format") != FORMAT:
-        raise DemoError(f"{path} has format {meta.get('format')!r}; this version reads {FORMAT!r}")
-    demos = Demos(meta=meta, frames=data["frames"], obs_frame=data["obs_frame"].astype(np.int64),
-                  actions=data["actions"].astype(np.int32),
-                  rewards=data["rewards"].astype(np.float32) if "rewards" in data else None,
-                  episode_lengths=data["episode_lengths"].astype(np.int64))
-    n = demos.num_steps
+        raise DemoError(f"{path} has format {meta.get('format')!r:.60}; this version reads {FORMAT!r}")
+    missing = [k for k in META_FIELDS if k not in meta]
+    if missing:
+        raise DemoError(f"{path}: its meta record lacks {', '.join(missing)}")
+    bad = [k for k, kind in META_FIELDS.items() if not _meta_value_ok(meta[k], kind)]
+    if bad:
+        raise DemoError(f"{path}: its meta record holds no valid {', '.join(bad)}")
+    stacked = list(meta["frame_shape"]) + ([meta["stack"]] if meta["stack"] > 1 else [])
+    if list(meta["obs_shape"]) != stacked:
+        raise DemoError(f"{path}: its meta record's obs_shape {meta['obs_shape']} is not frame_shape "
+                        f"{meta['frame_shape']} stacked {meta['stack']} times")
+    return meta
+
+
+def _meta_value_ok(value, kind) -> bool:
+    positive_int = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1
+    if kind == "shape":
+        return isinstance(value, list) and all(positive_int(x) for x in value)
+    if kind is int:
+        return positive_int(value)
+    return isinstance(value, kind)
+
+
+def _demos_from_arrays(path: Path, meta: dict, data: dict[str, np.ndarray]) -> Demos:
+    """The arrays, each checked for its kind (numbers / integers) and number of axes."""
+    def array(name: str, kinds: str, ndim: int) -> np.ndarray:
+        x = data[name]
+        if x.dtype.kind not in kinds or x.ndim != ndim:
+            want = "integer" if kinds == "iu" else "numeric"
+            raise DemoError(f"{path} is damaged: {name} is a {x.dtype} array of shape {x.shape}, not a {want} array "
+                            f"with {ndim} ax{'i' if ndim == 1 else 'e'}s")
+        return x
+
+    frames = array("frames", "biuf", 1 + len(meta["frame_shape"]))
+    if str(frames.dtype) != meta["obs_dtype"]:
+        raise DemoError(f"{path} is damaged: its frames are {frames.dtype}, the header says {meta['obs_dtype']}")
+    rewards = array("rewards", "iuf", 1).astype(np.float32) if "rewards" in data else None
+    return Demos(meta=meta, frames=frames, obs_frame=array("obs_frame", "iu", 1).astype(np.int64),
+                 actions=array("actions", "iu", 1).astype(np.int64), rewards=rewards,
+                 episode_lengths=array("episode_lengths", "iu", 1).astype(np.int64))
+
+
+def _check_fit(path: Path, demos: Demos) -> None:
+    """The arrays fit together: steps, episodes, frame indices, actions and rewards."""
+    n, meta = demos.num_steps, demos.meta
     if n == 0 or demos.num_episodes == 0:
         raise DemoError(f"{path} holds no demonstration steps: record some first "
                         "(python -m rlhp_jax.demos record --run RUN ..., or play: python -m rlhp_jax.human play)")
-    stack = int(meta["stack"])
     problems = []
     if int(demos.episode_lengths.sum()) != n or (demos.episode_lengths < 1).any():
         problems.append("episode lengths do not add up to the number of steps")
-    if demos.obs_frame.shape != (n,) or demos.obs_frame.min() < stack - 1 or demos.obs_frame.max() >= len(demos.frames):
+    if demos.obs_frame.shape != (n,) or demos.obs_frame.min() < meta["stack"] - 1 \
+            or demos.obs_frame.max() >= len(demos.frames):
         problems.append("frame indices point outside the stored frames")
     if tuple(demos.frames.shape[1:]) != tuple(meta["frame_shape"]):
         problems.append(f"frames have shape {demos.frames.shape[1:]}, the header says {meta['frame_shape']}")
-    if (demos.actions < 0).any() or (demos.actions >= int(meta["num_actions"])).any():
+    if (demos.actions < 0).any() or (demos.actions >= meta["num_actions"]).any():
         problems.append("actions outside the recorded action set")
+    if demos.rewards is not None and (demos.rewards.shape != (n,) or not np.isfinite(demos.rewards).all()):
+        problems.append("rewards are not one finite number per step")
     if problems:
         raise DemoError(f"{path} is damaged: " + "; ".join(problems))
-    return demos
 
 
 def load_demos(path: str | os.PathLike, env) -> Demos:
@@ -418,17 +505,15 @@ def describe(demos: Demos) -> dict[str, Any]:
 def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
     """``act(obs, key)`` of a trained policy: the newest models of an Ibarz run (DQfD, ε-greedy)
     or the newest checkpoint of a Christiano run (the agent's greedy action)."""
+    from rlhp_jax.driver import PreferenceRun, RunConfig, read_run_config
+
     run = Path(run_dir)
-    cfg_path = run / "config.json"
-    if not cfg_path.is_file():
-        raise DemoError(f"{run}: no config.json there (is it a run directory?)")
-    saved = json.loads(cfg_path.read_text())
-    if saved.get("env") != env.spec.name and saved.get("env", "").split("-v")[0] != env.spec.name:
-        raise DemoError(f"{run} trained on {saved.get('env')}, not {env.spec.name}")
-    if saved.get("protocol") == "ibarz":
+    cfg = read_run_config(run)
+    if cfg.env != env.spec.name and cfg.env.split("-v")[0] != env.spec.name:
+        raise DemoError(f"{run} trained on {cfg.env}, not {env.spec.name}")
+    if not isinstance(cfg, RunConfig):  # Ibarz et al.'s protocol
         from rlhp_jax import ibarz
 
-        cfg = ibarz.config_from_json(saved)
         agent = ibarz.DQfD(env.spec, cfg.agent_config)
         from rlhp_jax.ensemble import RewardEnsemble
         from rlhp_jax.reward_models import reward_model_spec_for
@@ -439,9 +524,6 @@ def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
                                          rm.init(jax.random.PRNGKey(0)))
         act_jit = jax.jit(lambda o, k: agent.act(params, o, k, epsilon))
         return lambda obs, key: act_jit(jnp.asarray(obs), key)
-    from rlhp_jax.driver import PreferenceRun, config_from_json
-
-    cfg = dataclasses.replace(config_from_json(saved), out=str(run))
     pr = PreferenceRun(cfg, progress=False, resume=True)
     ckpt = pr._checkpointer()
     if ckpt.latest_step() is None:
@@ -485,19 +567,18 @@ def main(argv=None) -> int:
         if args.cmd == "info":
             print(json.dumps(describe(read_demos(args.file)), indent=2, ensure_ascii=False))
             return 0
-        run = Path(args.run)
-        if not (run / "config.json").is_file():
-            raise DemoError(f"{run}: no config.json there (is it a run directory?)")
-        saved = json.loads((run / "config.json").read_text())
+        from rlhp_jax.driver import RunConfig, read_run_config
         from rlhp_jax.envs import make_env
 
-        options = dict(tuple(x) for x in saved.get("env_options", ()))
-        if saved.get("protocol") == "ibarz" and not options:
+        run = Path(args.run)
+        saved = read_run_config(run)
+        options = dict(saved.env_options)
+        if not isinstance(saved, RunConfig) and not options:  # Ibarz et al.'s protocol: its Atari defaults
             from rlhp_jax import envpool_envs, ibarz
 
-            if envpool_envs.is_envpool_env(saved["env"]):
+            if envpool_envs.is_envpool_env(saved.env):
                 options = dict(ibarz.ATARI_OPTIONS)
-        env = make_env(args.env or saved["env"], 1, **options)
+        env = make_env(args.env or saved.env, 1, **options)
         act = policy_from_run(run, env, args.epsilon)
         from tqdm import tqdm
 

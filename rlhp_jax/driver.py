@@ -34,6 +34,7 @@ from rlhp_jax import agents as agents_lib
 from rlhp_jax import labels as labels_lib
 from rlhp_jax import queries
 from rlhp_jax.agents.common import evaluate, random_reward_stats
+from rlhp_jax.config_fields import check_ranges, conform, dataclass_from_json, describe
 from rlhp_jax.ensemble import EnsembleConfig
 from rlhp_jax.loop import RunParts, bucket, finished_episodes, query_chunks
 from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_learning_curve,
@@ -111,6 +112,15 @@ class RunConfig:
             raise ValueError(f"label_source must be 'synthetic' or 'human', got {self.label_source!r}")
         if self.max_pending_queries < 1:
             raise ValueError(f"max_pending_queries must be >= 1, got {self.max_pending_queries}")
+        check_ranges(self, counts=("eval_every", "eval_episodes", "correlation_segments", "label_capacity",
+                                   "query_max_age_steps", "keep_checkpoints"),
+                     nonnegative=("initial_label_count", "pretrain_steps", "pretrain_epochs", "fit_steps",
+                                  "iteration_steps", "checkpoint_every"),
+                     positive=("rate_constant", "labels_per_rl_step"), fractions=("initial_label_fraction",))
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if not all(isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) for o in self.env_options):
+            raise ValueError(f"env_options must be (name, value) pairs, got {describe(self.env_options)}")
 
 
 def with_ablation(cfg: RunConfig, name: str | None) -> RunConfig:
@@ -141,29 +151,49 @@ def config_to_json(cfg) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
-def dataclass_from_json(cls, values: dict | None):
-    """``cls`` from its ``config_to_json`` form (lists back to tuples; unknown keys ignored; None stays None)."""
-    if values is None:
-        return None
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in values:
-            v = values[f.name]
-            kwargs[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-    return cls(**kwargs)
-
-
 def config_from_json(d: dict) -> RunConfig:
-    """Inverse of ``config_to_json`` (nested dataclasses and tuples rebuilt)."""
+    """Inverse of ``config_to_json``: every field required and of its declared type (nested
+    dataclasses and tuples rebuilt; ``agent_config`` as the config class of the saved ``agent``,
+    or None).  Raises ``ValueError`` naming the field (see ``rlhp_jax.config_fields``)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"the configuration must be a JSON object, got {describe(d)}")
     d = dict(d)
-    build = dataclass_from_json
-    d["ensemble"] = build(EnsembleConfig, d.get("ensemble"))
-    d["teacher"] = build(SyntheticTeacher, d.get("teacher"))
-    agent = d.get("agent", "ppo")
-    cfg_cls = type(agents_lib.default_config(agent, d.get("env", "")))
-    d["agent_config"] = build(cfg_cls, d.get("agent_config"))
-    d["env_options"] = tuple(tuple(x) for x in d.get("env_options", ()))
-    return build(RunConfig, d)
+    saved = d.get("agent_config")
+    if isinstance(saved, dict):
+        agent, env = (conform(str, d.get(k), k) for k in ("agent", "env"))
+        d["agent_config"] = dataclass_from_json(type(agents_lib.default_config(agent, env)), saved, "agent_config")
+    elif saved is not None:
+        raise ValueError(f"agent_config must be a JSON object or null, got {describe(saved)}")
+    return dataclass_from_json(RunConfig, d)
+
+
+def read_run_config(run_dir: str | Path):
+    """The configuration a run directory was started with (its ``config.json``): a
+    :class:`RunConfig`, or an ``ibarz.IbarzConfig`` where the file says ``"protocol": "ibarz"``,
+    with ``out`` set to ``run_dir`` (what ``--resume``, demo recording and ``--frozen-reward`` read).
+
+    The file must be what a run wrote: UTF-8 JSON holding every field of the config with a value
+    of the field's type (``rlhp_jax.config_fields``).  Anything else — a damaged, truncated or
+    hand-edited file, one from another version — is a one-line ``ValueError``."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run_dir}: no config.json there (is it a run directory?)")
+    try:
+        saved = json.loads(path.read_bytes().decode("utf-8"))
+        protocol = saved.get("protocol", "christiano") if isinstance(saved, dict) else None
+        if protocol == "ibarz":
+            from rlhp_jax.ibarz import config_from_json as ibarz_from_json
+
+            cfg = ibarz_from_json(saved)
+        elif protocol in ("christiano", None):
+            cfg = config_from_json(saved)
+        else:
+            raise ValueError(f"unknown protocol {describe(protocol)} (this version runs 'ibarz' and Christiano "
+                             "et al.'s, which names none)")
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path} is not a configuration this version can run ({e})") from None
+    return dataclasses.replace(cfg, out=str(run_dir))
 
 
 class EpisodeTracker:
@@ -183,10 +213,36 @@ class EpisodeTracker:
 _finished_episodes = jax.jit(finished_episodes)
 
 
+def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str], None]) -> bool:
+    """Whether a run in ``out`` (checkpoints in ``ckpt``) continues from a checkpoint (True) or
+    starts from its config (False); shared by both protocols' drivers.
+
+    * ``resume`` and a checkpoint was committed: continue from it (``ckpt.restore`` says what is
+      wrong when every one is corrupt, or when the directory holds foreign steps).
+    * ``resume`` of a run stopped before its first checkpoint (``ckpt.unused()``): start it again
+      in the same directory from its config.json — same seed, so the same run for the synthetic
+      oracle; a human teacher's label store keeps every answer and open pair — and say so.
+    * a fresh start: refused where a run's checkpoints already are (nothing is overwritten)."""
+    if ckpt.unused():
+        if resume:
+            log(f"{out} has no checkpoint yet (the run was stopped before its first one): starting it again from "
+                "its config.json, with the same seed")
+        return False
+    if resume:
+        return True
+    if ckpt.latest_step() is not None:
+        raise ValueError(f"{out} already holds a run with checkpoints: continue it with --resume {out}, "
+                         "or choose another --out.")
+    raise ValueError(f"{ckpt.directory} holds step directories that this run did not write: choose another --out.")
+
+
 class PreferenceRun:
     """Builds every component for a config and runs the loop. ``run()`` returns the summary.
 
-    ``resume=True`` continues the run in ``config.out`` from its newest checkpoint.
+    ``resume=True`` continues the run in ``config.out`` from its newest checkpoint, or, if it was
+    stopped before its first one, starts it again there (:func:`continues_from_checkpoint`).
+    A start from the config truncates ``metrics.jsonl``, and TensorBoard hides the events a killed
+    attempt logged beyond the checkpoint, so no row is ever logged twice.
     """
 
     def __init__(self, config: RunConfig, progress: bool = True, log: Callable[[str], None] = print,
@@ -300,12 +356,16 @@ class PreferenceRun:
         cfg, spec = self.cfg, self.spec
         out = Path(cfg.out)
         learn = self.learn
+        ckpt = self._checkpointer()
+        restoring = continues_from_checkpoint(ckpt, out, self.resume, self.log)
+        if self.parts.steps_note:
+            self.log(self.parts.steps_note)
         key = jax.random.PRNGKey(cfg.seed)
         key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
         agent_state = self.agent.init(k_agent)
         ens_state = jax.jit(self.ensemble.init)(k_ens)
         reward_scale = jnp.asarray((0.0, 1.0), jnp.float32)
-        if not learn and not self.resume:  # before the reset: it steps the environments
+        if not learn and not restoring:  # before the reset: it steps the environments
             reward_scale = jnp.asarray(random_reward_stats(self.env, k_scale), jnp.float32)
         env_state, obs = self.env.reset(k_env)
         buffer = self.ensemble.empty_buffer(self.parts.label_capacity, self.seg_len)
@@ -313,9 +373,8 @@ class PreferenceRun:
         responses = cursor = 0  # human: answers consumed (incl. "can't tell") and the store id of the last one
         start_iter, wall_before = 1, 0.0
         tracker = EpisodeTracker(self.env.num_envs)
-        ckpt = self._checkpointer()
 
-        if self.resume:
+        if restoring:
             template = self._saveable(agent_state, ens_state, buffer, key, env_state, obs)
             state, meta = ckpt.restore(template)
             agent_state, ens_state, buffer, key = state["agent"], state["ensemble"], state["buffer"], state["key"]
@@ -333,18 +392,17 @@ class PreferenceRun:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
             self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
         else:
-            if ckpt.latest_step() is not None:
-                raise ValueError(f"{out} already holds a run with checkpoints: continue it with --resume {out}, "
-                                 "or choose another --out.")
             out.mkdir(parents=True, exist_ok=True)
-            (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+            if not self.resume:  # a resume keeps the config.json it was started from
+                (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
         human = learn and cfg.label_source == "human"
         if human:
-            from rlhp_jax.human.teacher import HumanTeacher
+            from rlhp_jax.human.teacher import HumanTeacher, pair_shapes
 
-            self.human = HumanTeacher(out, cfg.env, render_fields=getattr(self.env, "render_fields", ()))
-        writer = MetricsWriter(out / "metrics.jsonl", append=True)
-        tb = TensorBoardWriter(out / "tensorboard")
+            self.human = HumanTeacher(out, cfg.env, render_fields=getattr(self.env, "render_fields", ()),
+                                      pair_shapes=pair_shapes(spec, self.seg_len))  # other pairs: skipped
+        writer = MetricsWriter(out / "metrics.jsonl", append=restoring)  # restoring: the rows before start_iter
+        tb = TensorBoardWriter(out / "tensorboard", purge_step=start_iter * self.steps_per_iter)
         start = time.perf_counter()
 
         def save(it):
@@ -353,7 +411,7 @@ class PreferenceRun:
                         episode_sums=tracker.sums.tolist(), reward_scale=np.asarray(reward_scale).tolist())
             ckpt.save(it, self._saveable(agent_state, ens_state, buffer, key, env_state, obs), meta)
 
-        if not self.resume and learn and self.schedule.initial > 0:
+        if not restoring and learn and self.schedule.initial > 0:
             # Christiano A: the first comparisons are of clips from the untrained policy.
             key, k_roll, k_q, k_fit = jax.random.split(key, 4)
             env_state, obs, rollout, member_r = self._rollout_only(agent_state, env_state, obs, ens_state, k_roll)
@@ -429,7 +487,9 @@ class PreferenceRun:
                     row["rm_train_loss"] = float(jnp.nanmean(fit_m["train_loss"]))
                     row["rm_l2"] = float(jnp.mean(ens_state.l2))
                 t3 = time.perf_counter()
-                if evaluate_now or it == start_iter:
+                # validated with the evaluations and at iteration 1 (the model fitted on the initial labels),
+                # not at a resumed run's first iteration: its rows are the uninterrupted run's
+                if evaluate_now or it == 1:
                     ev = self._evaluate_ensemble(ens_state, buffer)
                     row["val_accuracy"] = nanmean_or_none(ev["val_accuracy"])
                     row["rm_val_loss"] = nanmean_or_none(ev["val_loss"])
@@ -488,6 +548,7 @@ class PreferenceRun:
             "ablation": cfg.ablation,
             "seed": cfg.seed,
             "env_steps": last.get("env_steps", 0),
+            "requested_steps": cfg.total_steps,  # env_steps is whole iterations of it (RunParts.steps_note)
             "labels": answered,
             "queries": asked,
             "final_eval_return": evals[-1] if evals else None,

@@ -23,7 +23,9 @@ Acting and learning are one host loop over two compiled functions (act+step, and
 sample→r̂→update), because the replay buffer lives in host memory (see ``replay``).  Checkpoints
 (orbax) are written after each stage and each iteration and hold the agent, the reward model, the
 annotation buffer, the replay buffer, the RNG states and the counters; a run killed at any moment
-continues from the last one with no label lost.
+continues from the last one with no label lost (one killed before its first checkpoint starts again
+from its config.json: ``driver.continues_from_checkpoint``).  The iterations are whole: ``total_steps``
+is rounded up to them, and the run says so (``steps_note``, ``requested_steps`` in the summary).
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ import numpy as np
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.agents.dqfd import DQfD, DQfDConfig
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
-from rlhp_jax.driver import config_to_json, dataclass_from_json
+from rlhp_jax.config_fields import check_ranges, dataclass_from_json
+from rlhp_jax.driver import config_to_json, continues_from_checkpoint, read_run_config
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
+from rlhp_jax.loop import steps_note
 from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_ibarz_run,
                               read_jsonl, segment_return_correlation)
 from rlhp_jax.preferences import bradley_terry_loss, check_labels, label_entropy_bound, segment_returns
@@ -123,6 +127,13 @@ class IbarzConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
+        check_ranges(self, counts=("segment_length", "initial_steps", "model_reward_samples", "keep_checkpoints"),
+                     nonnegative=("initial_labels",), positive=("rate_constant", "demo_fraction"),
+                     fractions=("demo_fraction", "reward_dropout"))
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if not all(isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) for o in self.env_options):
+            raise ValueError(f"env_options must be (name, value) pairs, got {self.env_options!r:.60}")
 
     @property
     def learns_rewards(self) -> bool:
@@ -143,15 +154,9 @@ class IbarzConfig:
 
 
 def config_from_json(d: dict) -> IbarzConfig:
-    """Inverse of ``config_to_json`` (the saved ``config.json`` of a run)."""
-    build = dataclass_from_json
-    d = dict(d)
-    d["agent_config"] = build(DQfDConfig, d.get("agent_config", {}))
-    d["replay"] = build(ReplayConfig, d.get("replay", {}))
-    d["reward_model"] = build(EnsembleConfig, d.get("reward_model", {}))
-    d["teacher"] = build(SyntheticTeacher, d.get("teacher", {}))
-    d["env_options"] = tuple(tuple(x) for x in d.get("env_options", ()))
-    return build(IbarzConfig, d)
+    """Inverse of ``config_to_json`` (the saved ``config.json`` of a run): every field required and
+    of its declared type, nested configs rebuilt.  Raises ``ValueError`` naming the field."""
+    return dataclass_from_json(IbarzConfig, d)
 
 
 def _bucket(n: int) -> int:
@@ -191,8 +196,10 @@ class IbarzRun:
         if cfg.uses_demos:
             self.demos = load_demos(cfg.demos, self.env).subset(cfg.demo_fraction)
         self.initial = cfg.initial_count() if cfg.learns_rewards else 0
-        self.num_iters = max(1, math.ceil(cfg.total_steps / cfg.iteration_steps))
+        self.num_iters = max(1, math.ceil(cfg.total_steps / cfg.iteration_steps))  # whole iterations: rounded up
         self.total_steps = self.num_iters * cfg.iteration_steps
+        per_iteration = math.ceil(cfg.iteration_steps / cfg.num_envs) * cfg.num_envs  # all actors step together
+        self.steps_note = steps_note(cfg.total_steps, self.num_iters * per_iteration, per_iteration)
         if cfg.learns_rewards:
             self.schedule = label_schedule(cfg.labels, self.total_steps, initial_count=self.initial,
                                            rate_constant=cfg.rate_constant)
@@ -430,9 +437,12 @@ class IbarzRun:
     def _load_frozen(self):
         """The reward model of a finished run (Ibarz §3.2: "frozen reward models")."""
         src = Path(self.cfg.frozen_reward)
-        if not (src / "config.json").is_file():
-            raise ValueError(f"--frozen-reward {src}: no config.json there (is it a finished run's directory?)")
-        other = config_from_json(json.loads((src / "config.json").read_text()))
+        try:
+            other = read_run_config(src)
+        except ValueError as e:
+            raise ValueError(f"--frozen-reward: {e}") from None
+        if not isinstance(other, IbarzConfig):
+            raise ValueError(f"--frozen-reward {src} is not a run of Ibarz et al.'s protocol (--agent dqfd)")
         if other.env != self.cfg.env:
             raise ValueError(f"--frozen-reward {src} learned a reward for {other.env}, not {self.cfg.env}")
         if not other.learns_rewards:
@@ -450,6 +460,9 @@ class IbarzRun:
 
         self.ckpt = Checkpointer(out / "checkpoints", keep=cfg.keep_checkpoints)
         self.models = Checkpointer(out / "models", keep=1)
+        restoring = continues_from_checkpoint(self.ckpt, out, self.resume, self.log)
+        if self.steps_note:
+            self.log(self.steps_note)
         key = jax.random.PRNGKey(cfg.seed)
         key, k_agent, k_rm, k_env = jax.random.split(key, 4)
         self.agent_state = self.agent.init(k_agent)
@@ -467,7 +480,9 @@ class IbarzRun:
         self.since = np.zeros(self.env.num_envs, np.int64)
         self.wall_before, self.t_start = 0.0, time.perf_counter()
         stage = 0
-        if self.resume:
+        if cfg.frozen_reward is not None:  # before anything is written: a bad --frozen-reward changes no file
+            frozen = self._load_frozen()
+        if restoring:
             state, meta = self.ckpt.restore(self._saveable())
             self.agent_state, self.rm_state, self.buffer, self.key = state["agent"], state["rm"], state["buffer"], \
                 state["key"]
@@ -492,15 +507,14 @@ class IbarzRun:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
             self.log(f"resuming {out} after stage {stage} ({self.answered} labels, {self.actor_steps} actor steps)")
         else:
-            if self.ckpt.latest_step() is not None:
-                raise ValueError(f"{out} already holds a run with checkpoints: continue it with --resume {out}, "
-                                 "or choose another --out.")
             out.mkdir(parents=True, exist_ok=True)
-            (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+            if not self.resume:  # a resume keeps the config.json it was started from
+                (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
         if cfg.frozen_reward is not None:
-            self.rm_state = self._load_frozen()
-        writer = MetricsWriter(out / "metrics.jsonl", append=True)
-        tb = TensorBoardWriter(out / "tensorboard")
+            self.rm_state = frozen
+        writer = MetricsWriter(out / "metrics.jsonl", append=restoring)  # restoring: the rows up to its stage
+        # TensorBoard hides what a killed attempt logged after the checkpoint (from the start: everything)
+        tb = TensorBoardWriter(out / "tensorboard", purge_step=self.actor_steps + 1 if restoring else 0)
 
         def record(stage_done: int, row: dict):
             row = dict(stage=stage_done, env_steps=self.actor_steps, labels=self.answered, queries=self.asked,
@@ -587,6 +601,7 @@ class IbarzRun:
         summary = dict(
             env=self.spec.name, agent="dqfd", setup=cfg.setup, seed=cfg.seed, frozen_reward=cfg.frozen_reward,
             demo_steps=None if self.demos is None else self.demos.num_steps, env_steps=self.actor_steps,
+            requested_steps=cfg.total_steps,  # env_steps: the initial trajectories + whole iterations (steps_note)
             labels=self.answered, autolabels=self.autolabels_added, queries=self.asked,
             final_episode_return=scores[-1] if scores else None, best_episode_return=max(scores) if scores else None,
             final_reward_correlation=last.get("reward_correlation"), final_val_accuracy=last.get("val_accuracy"),

@@ -13,6 +13,9 @@ and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly fun
     correlation(rollout, rewards, key)
         corr(r̂, true return) over fresh segments (a diagnostic)
 
+A run takes whole iterations of ``steps_per_iter`` environment steps, at least one: ``total_steps``
+is rounded down to them, and ``steps_note`` says so when that changes the number.
+
 ``rlhp_jax.driver.PreferenceRun`` jits each piece and holds the state between them on the
 host (checkpoints, human teachers, logging); ``rlhp_jax.compiled`` composes the very same
 pieces into one compiled program.  Keeping them here is what makes the two paths the same
@@ -61,6 +64,17 @@ def query_chunks(n: int) -> list[tuple[int, int]]:
     return chunks
 
 
+def steps_note(requested: int, run: int, per_iteration: int) -> str | None:
+    """What a run tells the user when it takes ``run`` environment steps (whole iterations of
+    ``per_iteration``) where ``requested`` were asked for; None when they are the same."""
+    if run == requested:
+        return None
+    if requested < per_iteration:
+        return f"--steps {requested} is less than one iteration ({per_iteration} steps): running {run}"
+    how = "rounded down" if run < requested else "rounded up"
+    return f"--steps {requested} is not a multiple of the {per_iteration} steps of an iteration: {how} to {run}"
+
+
 def finished_episodes(sums, raw_reward, ends, valid):
     """Episode scores over a ``[T, N]`` stretch of steps: adds each valid step's raw reward to the
     running ``sums`` [N] and closes an episode where ``ends``.  Returns (sums, episodes finished,
@@ -95,7 +109,8 @@ class RunParts:
         if self.seg_len > self.rollout_len:
             raise ValueError(f"segment_length {self.seg_len} exceeds the steps per environment in one iteration "
                              f"({self.rollout_len}); raise iteration_steps")
-        self.num_iters = max(1, config.total_steps // self.steps_per_iter)
+        self.num_iters = max(1, config.total_steps // self.steps_per_iter)  # whole iterations, at least one
+        self.steps_note = steps_note(config.total_steps, self.num_iters * self.steps_per_iter, self.steps_per_iter)
         self.agent = agents_lib.make_agent(config.agent, self.spec, agent_cfg, self.num_iters * self.updates_per_iter)
         std = config.ensemble.reward_std if config.ensemble.reward_std is not None else self.spec.reward_std
         ens_cfg = dataclasses.replace(config.ensemble, reward_std=std)

@@ -85,13 +85,26 @@ def test_each_ablation_changes_what_it_claims():
     assert run.seg_len == 1
 
 
-def test_no_online_queries_collects_every_label_before_rl(tmp_path):
+def test_no_online_queries_collects_every_label_before_rl(tmp_path, capsys):
     out = tmp_path / "offline"
-    rc = classic.main(["--env", "CartPole-v1", "--labels", "30", "--steps", "4096", "--ablation", "no_online_queries",
+    # (--steps 5000 is no whole number of 2048-step iterations: the run says so, and runs 4096)
+    rc = classic.main(["--env", "CartPole-v1", "--labels", "30", "--steps", "5000", "--ablation", "no_online_queries",
                        "--out", str(out), "--no-progress"])
     assert rc == 0
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["labels"] for r in rows] == [30, 30]
+    assert "--steps 5000 is not a multiple of the 2048 steps of an iteration: rounded down to 4096" \
+        in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requested_steps"] == 5000 and summary["env_steps"] == 4096
+
+
+def test_fewer_steps_than_one_iteration_runs_one_iteration_and_says_so():
+    args = build_parser(classic.DOMAIN).parse_args(["--env", "CartPole-v1", "--steps", "1000"])
+    run = PreferenceRun(config_from_args(args, classic.DOMAIN), progress=False)
+    assert run.parts.steps_note == "--steps 1000 is less than one iteration (2048 steps): running 2048"
+    args = build_parser(classic.DOMAIN).parse_args(["--env", "CartPole-v1", "--steps", "4096"])
+    assert PreferenceRun(config_from_args(args, classic.DOMAIN), progress=False).parts.steps_note is None
 
 
 # ------------------------------------------------------------------ resume after SIGKILL
@@ -126,12 +139,49 @@ def test_resume_after_sigkill_continues_the_same_run(tmp_path, cartpole_run):
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == list(range(1, 7))  # the step counter continues, no row twice
     assert rows[:killed_at] == before and rows[-1]["labels"] == 60
-    # the resumed run is the same run: identical to the uninterrupted one (same seed, same config)
-    reference = read_jsonl(cartpole_run / "metrics.jsonl")
-    for key in ("labels", "queries", "true_return", "eval_return"):
-        got, want = [r.get(key) for r in rows], [r.get(key) for r in reference]
-        assert [g is None for g in got] == [w is None for w in want], key  # pytest >= 9.2's approx refuses None
-        assert [g for g in got if g is not None] == pytest.approx([w for w in want if w is not None], rel=1e-5), key
+    # the resumed run is the same run: its rows are the uninterrupted one's (same seed, same config)
+    assert_same_rows(rows, read_jsonl(cartpole_run / "metrics.jsonl"))
+
+
+WALL_CLOCK = ("wall_s", "steps_per_s")  # and every time_*_s
+
+
+def _without_wall_clock(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in WALL_CLOCK and not k.startswith("time_")}
+
+
+def assert_same_rows(got: list[dict], want: list[dict]) -> None:
+    """The same metrics rows, key for key, timings aside (floats to float32 round-off)."""
+    assert len(got) == len(want)
+    for g, w in zip(map(_without_wall_clock, got), map(_without_wall_clock, want)):
+        assert sorted(g) == sorted(w), (g.get("iteration"), set(g) ^ set(w))
+        for k, v in w.items():
+            if isinstance(v, float):
+                assert g[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (w.get("iteration"), k)
+            else:
+                assert g[k] == v, (w.get("iteration"), k)
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_path, capsys, cartpole_run):
+    """--resume works for a run killed at any moment: one stopped before its first checkpoint (here:
+    during its first save) is started again from its config.json, and ends as the uninterrupted run."""
+    run = tmp_path / "early"
+    run.mkdir()
+    (run / "config.json").write_text((cartpole_run / "config.json").read_text())
+    checkpoints = run / "checkpoints"  # what a kill in the middle of the first save leaves
+    checkpoints.mkdir()
+    (checkpoints / "RLHP_CHECKPOINTS").write_text("rlhp_jax checkpoints, format 1\n")
+    (checkpoints / "0.orbax-checkpoint-tmp").mkdir()
+    (checkpoints / "0").mkdir()
+    (run / "metrics.jsonl").write_text('{"iteration": 1, "env_steps": 2048, "labels": 3}\n')  # a stray row
+    config_before = (run / "config.json").read_bytes()
+
+    assert classic.main(["--resume", str(run), "--no-progress"]) == 0
+    assert f"{run} has no checkpoint yet" in capsys.readouterr().out
+    assert (run / "config.json").read_bytes() == config_before
+    assert_same_rows(read_jsonl(run / "metrics.jsonl"), read_jsonl(cartpole_run / "metrics.jsonl"))
+    assert_same_rows(*([json.loads((d / "summary.json").read_text())] for d in (run, cartpole_run)))
+    assert Checkpointer(checkpoints).latest_step() == 6
 
 
 @pytest.fixture(scope="module")

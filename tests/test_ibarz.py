@@ -4,6 +4,7 @@ diagnostics plots, demo recording from the trained run, and the errors a user ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -92,8 +93,12 @@ def test_sigkill_then_resume_continues_the_same_run(full_run, demo_file, tmp_pat
     labels_before = json.loads((out / "checkpoints" / "5" / "rlhp_commit.json").read_text())
     assert labels_before  # a committed checkpoint survived the kill
     assert classic.main(["--resume", str(out), "--no-progress"]) == 0
-    got = read_jsonl(out / "metrics.jsonl")
-    want = read_jsonl(full_run / "metrics.jsonl")
+    _assert_same_run(out, full_run)
+
+
+def _assert_same_run(got_dir, want_dir):
+    got = read_jsonl(got_dir / "metrics.jsonl")
+    want = read_jsonl(want_dir / "metrics.jsonl")
     assert [r["stage"] for r in got] == list(range(1, 8))  # nothing repeated, nothing missing
     a, b = _comparable(got), _comparable(want)
     for ra, rb in zip(a, b):
@@ -102,6 +107,29 @@ def test_sigkill_then_resume_continues_the_same_run(full_run, demo_file, tmp_pat
                 assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), (ra["stage"], k)
             else:
                 assert ra[k] == rb[k], (ra["stage"], k)
+
+
+def test_resume_before_the_first_checkpoint_starts_the_run_again(full_run, tmp_path, capsys):
+    """A run killed before its first checkpoint (here: during the first pretraining) resumes from
+    its config.json as a fresh start, and ends as the uninterrupted run."""
+    out = tmp_path / "early"
+    out.mkdir()
+    (out / "config.json").write_text((full_run / "config.json").read_text())
+    (out / "metrics.jsonl").write_text('{"stage": 1, "phase": "bc"}\n')  # a stray row of the killed attempt
+    assert classic.main(["--resume", str(out), "--no-progress"]) == 0
+    assert f"{out} has no checkpoint yet" in capsys.readouterr().out
+    _assert_same_run(out, full_run)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requested_steps"] == 3000 and summary == {**json.loads((full_run / "summary.json").read_text()),
+                                                               "wall_s": summary["wall_s"]}
+
+
+def test_steps_rounded_up_to_whole_iterations_are_reported(full_run, tmp_path):
+    from rlhp_jax.ibarz import IbarzRun, config_from_json
+
+    saved = config_from_json(json.loads((full_run / "config.json").read_text()))
+    run = IbarzRun(dataclasses.replace(saved, total_steps=2500, out=str(tmp_path)), progress=False)
+    assert run.steps_note == "--steps 2500 is not a multiple of the 1000 steps of an iteration: rounded up to 3000"
 
 
 def test_diagnostics_alignment_loss_and_frozen(full_run, tmp_path):

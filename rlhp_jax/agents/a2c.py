@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhp_jax.agents.common import ActorCriticAgent, AgentState, compute_gae, weighted_mean
+from rlhp_jax.agents.common import ActorCriticAgent, AgentState, check_config, compute_gae, weighted_mean
 from rlhp_jax.envs import EnvSpec
 from rlhp_jax.rollout import Rollout
 
@@ -48,17 +48,17 @@ class A2CConfig:
     rms_decay: float = 0.99  # A.2's α: RMSProp's squared-gradient decay
     eps: float = 1e-5  # A.2's ε (RMSProp: inside the square root; Adam: outside)
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP widths (separate actor and critic trunks)
-    activation: str = "tanh"  # any flax.linen activation name, e.g. "tanh", "relu"
+    activation: str = "tanh"  # a flax.linen activation (common.ACTIVATIONS), e.g. "tanh", "relu"
     log_std_init: float = 0.0  # initial log-std, in units of half the action range (continuous)
     # "mlp", "cnn" (Nature DQN, for frames; A.2: "policy architecture as described in Mnih et al.
     # (2015)") or "auto" (by observation shape)
     network: str = "auto"
 
     def __post_init__(self):
+        check_config(self, counts=("num_envs", "num_steps", "lr_decay_steps"), positive=("lr", "max_grad_norm", "eps"),
+                     nonnegative=("ent_coef", "vf_coef"), fractions=("gamma", "rms_decay"))
         if self.optimizer not in ("rmsprop", "adam"):
             raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}")
-        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
-            raise ValueError(f"lr_decay_steps must be positive or None, got {self.lr_decay_steps}")
 
     @property
     def batch_size(self) -> int:

@@ -13,6 +13,11 @@ from ``obs``, ``action``, ``boundary``, ``valid`` and the reward array they are 
 (Christiano et al. 2017, appendix A).  :class:`Policy` holds the network and the
 distribution arithmetic, so each algorithm only writes its loss and its update.
 
+Every agent config checks itself when it is built (:func:`check_config`, from its
+``__post_init__``): declared field types, finite numbers, positive sizes, a known activation, so
+that a bad ``--agent-config`` or ``config.json`` value is refused with the field's name before a
+run directory exists, instead of failing inside a compiled update.
+
 Networks: an MLP with separate policy and value trunks for vector observations, and the
 Nature-DQN trunk (Mnih et al. 2015: conv 32×8×8/4, 64×4×4/2, 64×3×3/1, dense 512, ReLU) shared
 by the policy and value heads for image observations (Christiano A.2 "policy architecture as
@@ -32,10 +37,46 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from rlhp_jax.config_fields import check_ranges, conform_fields, field_types
 from rlhp_jax.envs import EnvSpec, VecEnv
 from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
 
 LOG_2PI = math.log(2.0 * math.pi)
+# flax.linen's elementwise activations: what the ``activation`` field of an agent config may name
+ACTIVATIONS = ("celu", "elu", "gelu", "hard_sigmoid", "hard_silu", "hard_swish", "hard_tanh", "leaky_relu",
+               "log_sigmoid", "relu", "relu6", "selu", "sigmoid", "silu", "soft_sign", "softplus", "swish", "tanh")
+NETWORKS = ("auto", "mlp", "cnn")
+
+
+# ----------------------------------------------------------------------------- config checks
+def check_config(cfg, *, counts=(), positive=(), nonnegative=(), fractions=()) -> None:
+    """The checks of an agent config's ``__post_init__``; raises ``ValueError`` naming the field.
+
+    Every field must hold its declared type (:func:`rlhp_jax.config_fields.conform_fields`, which
+    also turns an int given for a float into a float) and every float must be finite; the named
+    ``counts`` must be >= 1, ``positive`` > 0, ``nonnegative`` >= 0, ``fractions`` in [0, 1].
+    ``hidden_sizes``, ``activation`` and ``network``, where the config has them, must be widths
+    >= 1, one of :data:`ACTIVATIONS` and one of :data:`NETWORKS`.  Traced values (a setting the
+    compiled loop vmaps over) are not checked."""
+    conform_fields(cfg)
+    values = {name: getattr(cfg, name) for name in field_types(type(cfg))}
+    for name, v in values.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v}")
+    check_ranges(cfg, counts=counts, positive=positive, nonnegative=nonnegative, fractions=fractions)
+    if "hidden_sizes" in values and any(w < 1 for w in values["hidden_sizes"]):
+        raise ValueError(f"hidden_sizes must hold widths of at least 1, got {values['hidden_sizes']}")
+    if "activation" in values and values["activation"] not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}; got {values['activation']!r}")
+    if "network" in values and values["network"] not in NETWORKS:
+        raise ValueError(f"network must be one of {', '.join(NETWORKS)}; got {values['network']!r}")
+
+
+def check_minibatches(cfg, name: str) -> None:
+    """``cfg.<name>`` minibatches must split the batch of ``num_envs × num_steps`` steps evenly."""
+    k, batch = getattr(cfg, name), cfg.num_envs * cfg.num_steps
+    if batch % k:
+        raise ValueError(f"{name} ({k}) must divide the batch of num_envs × num_steps = {batch} steps")
 
 
 class Agent(Protocol):

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from rlhp_jax.agents.common import is_image
+from rlhp_jax.agents.common import check_config, is_image
 from rlhp_jax.envs import EnvSpec
 
 
@@ -66,10 +66,10 @@ class DQfDConfig:
     network: str = "auto"  # "cnn" (Nature DQN), "mlp" or "auto" (by observation shape)
 
     def __post_init__(self):
-        if self.network not in ("auto", "cnn", "mlp"):
-            raise ValueError(f"network must be 'auto', 'cnn' or 'mlp', got {self.network!r}")
-        if self.n_step < 1 or self.batch_size < 1 or self.update_every < 1:
-            raise ValueError("n_step, batch_size and update_every must be >= 1")
+        check_config(self, counts=("n_step", "batch_size", "update_every", "target_update_steps", "eps_decay_steps"),
+                     positive=("lr", "adam_eps", "huber_delta"),
+                     nonnegative=("margin", "margin_weight", "n_step_weight", "td_weight", "l2_weight"),
+                     fractions=("gamma", "eps_start", "eps_end"))
 
     @property
     def target_period(self) -> int:

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhp_jax.agents.common import ActorCriticAgent, AgentState, compute_gae, weighted_mean
+from rlhp_jax.agents.common import (ActorCriticAgent, AgentState, check_config, check_minibatches, compute_gae,
+                                    weighted_mean)
 from rlhp_jax.envs import EnvSpec
 from rlhp_jax.rollout import Rollout
 
@@ -39,9 +40,15 @@ class PPOConfig:
     vf_coef: float = 0.5  # value loss coefficient
     max_grad_norm: float = 0.5  # global gradient-norm clip
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP widths (separate actor and critic trunks)
-    activation: str = "tanh"  # any flax.linen activation name, e.g. "tanh", "relu"
+    activation: str = "tanh"  # a flax.linen activation (common.ACTIVATIONS), e.g. "tanh", "relu"
     log_std_init: float = 0.0  # initial log-std, in units of half the action range (continuous)
     network: str = "auto"  # "mlp", "cnn" (Nature DQN, for frames) or "auto" (by observation shape)
+
+    def __post_init__(self):
+        check_config(self, counts=("num_envs", "num_steps", "update_epochs", "num_minibatches"),
+                     positive=("lr", "clip_eps", "max_grad_norm"), nonnegative=("ent_coef", "vf_coef"),
+                     fractions=("gamma", "gae_lambda"))
+        check_minibatches(self, "num_minibatches")
 
     @property
     def batch_size(self) -> int:

@@ -45,7 +45,8 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from rlhp_jax.agents.common import ActorCriticAgent, AgentState, compute_gae, weighted_mean
+from rlhp_jax.agents.common import (ActorCriticAgent, AgentState, check_config, check_minibatches, compute_gae,
+                                    weighted_mean)
 from rlhp_jax.envs import EnvSpec
 from rlhp_jax.rollout import Rollout
 
@@ -66,9 +67,15 @@ class TRPOConfig:
     vf_epochs: int = 5  # passes of the value fit over each rollout (ours)
     vf_minibatches: int = 8  # minibatches per value-fit pass (ours)
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP widths, separate policy and value trunks (ours)
-    activation: str = "tanh"  # any flax.linen activation name (ours)
+    activation: str = "tanh"  # a flax.linen activation, common.ACTIVATIONS (ours)
     log_std_init: float = 0.0  # initial log-std, in units of half the action range (ours)
     network: str = "auto"  # "mlp", "cnn" (Nature DQN, for frames) or "auto" (by observation shape)
+
+    def __post_init__(self):
+        check_config(self, counts=("num_envs", "num_steps", "cg_iters", "backtrack_iters", "vf_epochs",
+                                   "vf_minibatches"), positive=("max_kl", "vf_lr", "backtrack_ratio"),
+                     nonnegative=("ent_coef", "cg_damping"), fractions=("gamma", "gae_lambda", "backtrack_ratio"))
+        check_minibatches(self, "vf_minibatches")
 
     @property
     def batch_size(self) -> int:

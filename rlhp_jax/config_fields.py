@@ -1,0 +1,176 @@
+"""Typed configuration fields: a config dataclass's values checked against its declared types.
+
+Configurations reach the trainers from people: ``--agent-config FIELD=VALUE`` literals, and the
+``config.json`` that ``--resume`` reads back.  A value of the wrong kind (a list for a learning
+rate, a number for a tuple of layer widths) must be refused with a message naming the field
+*before* anything is built, compiled or written — not surface as a traceback from deep inside a
+jitted function after the run directory exists.
+
+:func:`conform` gives a value in its field's declared type or raises ``ValueError``:
+
+=====================  ==================================================================
+declared type          accepted
+=====================  ==================================================================
+``bool``               ``True`` / ``False`` (NumPy bools too); not 0 or 1
+``int``                integers (NumPy integers too); not bools, not floats such as 2.0
+``float``              any real number but NaN (ints become floats; ±inf passes: ranges are
+                       each config's own business); a JAX value passes as it is (the
+                       compiled loop vmaps over some settings)
+``str``                strings
+``tuple[T, ...]``      a list or tuple whose every element conforms to ``T``
+``tuple``              a list or tuple; inner lists become tuples (``env_options`` pairs)
+``X | None``           ``None``, or what ``X`` accepts
+``Any``                anything (the caller checks it)
+a dataclass            an instance of it (:func:`dataclass_from_json` builds one from JSON)
+=====================  ==================================================================
+
+:func:`conform_fields` applies it to every field of a frozen dataclass instance (for
+``__post_init__``); :func:`check_ranges` checks named numeric fields against the usual bounds
+(counts, positive, non-negative, fractions); :func:`dataclass_from_json` rebuilds a dataclass
+from its ``dataclasses.asdict`` JSON form, requiring every field and recursing into nested
+dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlhp_jax.preferences import is_concrete
+
+
+def describe(value: Any) -> str:
+    """A value as an error message shows it (short)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.lru_cache(maxsize=None)
+def field_types(cls) -> dict[str, Any]:
+    """The declared (evaluated) type of every field of the dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _optional(hint) -> Any | None:
+    """``X`` for a declared ``X | None`` (or ``Optional[X]``), else None."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0]
+    return None
+
+
+def conform(hint, value: Any, name: str) -> Any:
+    """``value`` in the declared type ``hint`` of field ``name`` (see the module docstring), or a
+    ``ValueError`` saying ``"<name> must be <kind>, got <value>"``."""
+    inner = _optional(hint)
+    if inner is not None:
+        return None if value is None else conform(inner, value, name)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        raise ValueError(f"{name} must be True or False, got {describe(value)}")
+    if hint is int:
+        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            return int(value)
+        raise ValueError(f"{name} must be an int, got {describe(value)}")
+    if hint is float:
+        if isinstance(value, jax.Array):  # tracers included
+            return value
+        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+            try:
+                number = float(value)
+            except OverflowError:  # an int beyond float range
+                raise ValueError(f"{name} must be a float, got {describe(value)}") from None
+            if math.isnan(number):
+                raise ValueError(f"{name} must be a number, got nan")
+            return number
+        raise ValueError(f"{name} must be a float, got {describe(value)}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{name} must be a string, got {describe(value)}")
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        return _conform_tuple(hint, value, name)
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        raise ValueError(f"{name} must be a {hint.__name__}, got {describe(value)}")
+    raise TypeError(f"{name}: conform does not know the declared type {hint!r}")
+
+
+def _conform_tuple(hint, value, name: str) -> tuple:
+    args = typing.get_args(hint)
+    if not isinstance(value, (list, tuple)):
+        kind = f"a tuple of {args[0].__name__}s" if len(args) == 2 and args[1] is Ellipsis else "a tuple"
+        raise ValueError(f"{name} must be {kind}, got {describe(value)}")
+    if len(args) == 2 and args[1] is Ellipsis:  # tuple[T, ...]
+        try:
+            return tuple(conform(args[0], x, name) for x in value)
+        except ValueError:
+            raise ValueError(f"{name} must be a tuple of {args[0].__name__}s, got {describe(value)}") from None
+    if args:
+        raise TypeError(f"{name}: conform does not know the declared type {hint!r}")
+    return tuple(tuple(x) if isinstance(x, list) else x for x in value)
+
+
+def conform_fields(instance) -> None:
+    """Check every field of a frozen dataclass ``instance`` against its declared type, storing the
+    conformed values (an int given for a float field becomes a float, a list a tuple).  For
+    ``__post_init__``; raises ``ValueError`` naming the first field that does not conform."""
+    for name, hint in field_types(type(instance)).items():
+        value = getattr(instance, name)
+        fixed = conform(hint, value, name)
+        if fixed is not value:
+            object.__setattr__(instance, name, fixed)
+
+
+def check_ranges(cfg, *, counts=(), positive=(), nonnegative=(), fractions=()) -> None:
+    """The named fields of ``cfg`` within their bounds: ``counts`` >= 1, ``positive`` > 0,
+    ``nonnegative`` >= 0, ``fractions`` in [0, 1]; None (an unset optional field) and traced
+    values pass.  Raises ``ValueError("<field> must be ..., got <value>")``."""
+    rules = ((counts, lambda v: v >= 1, "must be at least 1"), (positive, lambda v: v > 0, "must be > 0"),
+             (nonnegative, lambda v: v >= 0, "must be >= 0"), (fractions, lambda v: 0 <= v <= 1, "must be in [0, 1]"))
+    for names, ok, requirement in rules:
+        for name in names:
+            value = getattr(cfg, name)
+            if value is not None and is_concrete(value) and not ok(value):
+                raise ValueError(f"{name} {requirement}, got {value}")
+
+
+def dataclass_from_json(cls, values: Any, where: str = ""):
+    """``cls`` rebuilt from its ``dataclasses.asdict`` JSON form (what ``config.json`` holds).
+
+    Every field must be present (a file from another version is refused rather than completed
+    with today's defaults); keys that are no field are ignored.  Nested dataclass fields are
+    rebuilt from their JSON objects in turn; a field the caller has already built is kept.
+    Raises ``ValueError`` naming the field (``where``: the path of ``values``, for the message)."""
+    label = where or cls.__name__
+    if not isinstance(values, dict):
+        raise ValueError(f"{label} must be a JSON object, got {describe(values)}")
+    types_ = field_types(cls)
+    missing = [name for name in types_ if name not in values]
+    if missing:
+        raise ValueError(f"{label} lacks {', '.join(missing)}")
+    kwargs = {}
+    for name, hint in types_.items():
+        path = f"{where}.{name}" if where else name
+        value = values[name]
+        if dataclasses.is_dataclass(hint) and not isinstance(value, hint):
+            kwargs[name] = dataclass_from_json(hint, value, path)
+        else:
+            kwargs[name] = conform(hint, value, path)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}" if where else str(e)) from None
