@@ -66,7 +66,9 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--initial-labels", type=float, default=None,
                    help="fraction of the budget asked about clips of the untrained policy")
     p.add_argument("--pretrain-epochs", type=float, default=None,
-                   help="reward-model epochs over the initial labels before RL")
+                   help="reward-model epochs over the initial labels before RL (A.2: 200)")
+    p.add_argument("--pretrain-steps", type=int, default=None,
+                   help="reward-model steps on the initial labels before RL (0: none, as in A.1)")
     p.add_argument("--iteration-steps", type=int, default=None,
                    help="environment steps per driver iteration (agent updates between label rounds)")
     p.add_argument("--mistake-rate", type=float, default=0.0, help="oracle flips a label with this probability")
@@ -192,6 +194,9 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
         raise ValueError("The target ablation regresses on true returns: a person gives preferences, not returns.")
     if args.baseline and args.ablation:
         raise ValueError("--baseline trains on the true reward: it cannot be combined with --ablation.")
+    if args.pretrain_steps is not None and args.pretrain_epochs is not None:
+        raise ValueError("--pretrain-steps and --pretrain-epochs both set how long the reward model pretrains: "
+                         "give one.")
     d = domain.settings(args, args.env)
     labels = d.pop("labels")
     steps = d.pop("steps")
@@ -200,6 +205,7 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
     agent_cfg = agent_config(args.agent, args.env, args.agent_config, d.pop("agent_config", None))
     explicit = dict(segment_length=args.segment_length, rate_constant=args.rate_constant,
                     initial_label_fraction=args.initial_labels, pretrain_epochs=args.pretrain_epochs,
+                    pretrain_steps=args.pretrain_steps,
                     iteration_steps=args.iteration_steps, selection=args.selection,
                     checkpoint_every=args.checkpoint_every, max_pending_queries=args.max_pending)
     if args.teacher == "human":
@@ -207,6 +213,8 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
     d.update({k: v for k, v in explicit.items() if v is not None})
     if args.initial_labels is not None:
         d["initial_label_count"] = None
+    if args.pretrain_steps is not None:  # in place of the preset's epochs (A.2)
+        d["pretrain_epochs"] = None
     tag = "baseline" if args.baseline else f"{labels}labels" + (f"-{args.ablation}" if args.ablation else "") \
         + ("-human" if args.teacher == "human" else "")
     out = args.out or _fresh_dir(f"{domain.out_root}/{args.env}-{args.agent}-{tag}-seed{args.seed}")

@@ -46,7 +46,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax.agents.common import evaluate, random_reward_stats
+from rlhp_jax.agents.common import evaluate
 from rlhp_jax.loop import MAX_QUERY_CHUNK, RunParts, bucket, finished_episodes
 
 # Hyper field -> where it lives in the run config (agent lr: per agent).
@@ -86,7 +86,7 @@ class TrainState(struct.PyTreeNode):
     env_state: Any
     obs: jax.Array
     key: jax.Array
-    reward_scale: jax.Array  # (mean, std) of the true reward (baseline only)
+    reward_scale: jax.Array  # (shift, scale) of the baseline's true reward (RunParts.reward_scale)
     queries: jax.Array  # int32 pairs asked
     labels: jax.Array  # int32 labels answered and kept
     episode_sums: jax.Array  # [N] running returns of the task's episodes
@@ -241,9 +241,7 @@ class CompiledRun:
         key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
         agent_state = parts.agent.init(k_agent)
         ens_state = parts.ensemble.init(k_ens)
-        reward_scale = jnp.asarray((0.0, 1.0), jnp.float32)
-        if not parts.learn:
-            reward_scale = random_reward_stats(parts.env, k_scale)
+        reward_scale = parts.reward_scale(k_scale)  # before the reset, as in the driver
         env_state, obs = parts.env.reset(k_env)
         return TrainState(agent=agent_state, ensemble=ens_state,
                           buffer=parts.ensemble.empty_buffer(parts.label_capacity, parts.seg_len),
@@ -263,9 +261,7 @@ class CompiledRun:
                                                                    state.ensemble, k_roll)
             buffer, got = self._ask(parts, state.buffer, member_r, rollout, k_q, hyper.initial_queries,
                                     self.max_initial)
-            ens_state = state.ensemble
-            if parts.pretrain_steps > 0:
-                ens_state, _ = parts.ensemble.fit(ens_state, buffer, k_fit, parts.pretrain_steps)
+            ens_state, _ = parts.ensemble.fit(state.ensemble, buffer, k_fit, parts.pretrain_steps)  # 0: normalization
             return state.replace(env_state=env_state, obs=obs, key=key, buffer=buffer, ensemble=ens_state,
                                  queries=hyper.initial_queries, labels=got)
 

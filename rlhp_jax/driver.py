@@ -4,7 +4,8 @@
 
 Acting, labeling and fitting stay separate pure functions; this module only holds the state
 between iterations, asks the label schedule how many queries are due, logs, checkpoints and
-plots.  The same loop trains on the true reward when ``reward_source="true"`` (the RL baseline).
+plots.  The same loop trains on the true reward when ``reward_source="true"`` (the RL baseline:
+as it is, or shifted and scaled by a random policy's statistics, as ``baseline_reward`` says).
 
 One driver iteration runs ``updates_per_iteration`` agent updates inside one compiled
 ``lax.scan`` (A2C's 5-step updates would otherwise pay the host round trip 80 env steps at a
@@ -33,7 +34,7 @@ import numpy as np
 from rlhp_jax import agents as agents_lib
 from rlhp_jax import labels as labels_lib
 from rlhp_jax import queries
-from rlhp_jax.agents.common import evaluate, random_reward_stats
+from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config_fields import check_ranges, conform, dataclass_from_json, describe
 from rlhp_jax.ensemble import EnsembleConfig
 from rlhp_jax.loop import RunParts, bucket, finished_episodes, query_chunks
@@ -45,7 +46,8 @@ from rlhp_jax.teachers import SyntheticTeacher
 # Christiano §3.3's ablations (plus the true-reward baseline, which is reward_source="true").
 ABLATIONS = {
     "random_queries": "queries chosen uniformly at random instead of by ensemble disagreement",
-    "no_ensemble": "a single predictor (and so random queries: there is no disagreement to measure)",
+    "no_ensemble": "a single predictor, trained on every label (no bootstrap resample), and so random queries: "
+                   "there is no disagreement to measure",
     "no_online_queries": "every label collected at the start, from the untrained policy",
     "no_regularization": "no adaptive L2 (dropout stays where the model has it)",
     "no_segments": "segments of length 1 (robotics tasks only)",
@@ -63,6 +65,9 @@ class RunConfig:
     agent_config: Any = None  # the agent's config dataclass; None: its preset for the task
     env_options: tuple = ()  # (name, value) pairs for the environment wrapper, e.g. (("noop_max", 90),)
     reward_source: str = "model"  # "model" (learn from preferences) or "true" (RL baseline)
+    # the baseline's reward: "normalized" (the true reward shifted and scaled by a random policy's mean
+    # and std) or "raw" (the task's true reward as it is: A.1's modified task, the MuJoCo preset)
+    baseline_reward: str = "normalized"
     selection: str = "disagreement"  # "disagreement" (§2.2.4) or "random"
     candidate_factor: int = queries.CANDIDATE_FACTOR  # A: 10x more candidates than queries
     segment_length: int | None = None  # None: the task's default (EnvSpec.segment_length)
@@ -70,7 +75,7 @@ class RunConfig:
     initial_label_count: int | None = None  # A.2: 500 (overrides the fraction)
     rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: total_steps / 4
     label_capacity: int | None = None  # keep only the last N labels (A.2: 3,000); None: all
-    pretrain_steps: int = 500  # reward-model steps on the initial labels before RL
+    pretrain_steps: int = 500  # reward-model steps on the initial labels before RL (0: none, A.1)
     pretrain_epochs: float | None = None  # A.2: 200 epochs over the initial labels (overrides pretrain_steps)
     fit_steps: int | None = 50  # reward-model steps per iteration; None: from labels_per_rl_step
     labels_per_rl_step: float = 0.1  # A.2: the predictor "processes 1 label per 10 RL timesteps"
@@ -93,6 +98,8 @@ class RunConfig:
     def __post_init__(self):
         if self.reward_source not in ("model", "true"):
             raise ValueError(f"reward_source must be 'model' or 'true', got {self.reward_source!r}")
+        if self.baseline_reward not in ("normalized", "raw"):
+            raise ValueError(f"baseline_reward must be 'normalized' or 'raw', got {self.baseline_reward!r}")
         if self.selection not in ("disagreement", "random"):
             raise ValueError(f"selection must be 'disagreement' or 'random', got {self.selection!r}")
         if self.reward_source == "model" and self.labels < 1:
@@ -134,7 +141,7 @@ def with_ablation(cfg: RunConfig, name: str | None) -> RunConfig:
     if name == "random_queries":
         changes.update(selection="random")
     elif name == "no_ensemble":
-        changes.update(selection="random", ensemble=dataclasses.replace(ens, num_members=1))
+        changes.update(selection="random", ensemble=dataclasses.replace(ens, num_members=1, bootstrap=False))
     elif name == "no_online_queries":
         changes.update(initial_label_fraction=1.0, initial_label_count=None)
     elif name == "no_regularization":
@@ -365,8 +372,8 @@ class PreferenceRun:
         agent_state = self.agent.init(k_agent)
         ens_state = jax.jit(self.ensemble.init)(k_ens)
         reward_scale = jnp.asarray((0.0, 1.0), jnp.float32)
-        if not learn and not restoring:  # before the reset: it steps the environments
-            reward_scale = jnp.asarray(random_reward_stats(self.env, k_scale), jnp.float32)
+        if not restoring:  # before the reset: the baseline's random-policy statistics step the environments
+            reward_scale = self.parts.reward_scale(k_scale)
         env_state, obs = self.env.reset(k_env)
         buffer = self.ensemble.empty_buffer(self.parts.label_capacity, self.seg_len)
         asked = answered = 0
@@ -437,8 +444,8 @@ class PreferenceRun:
             else:
                 buffer, a, b = self._query(member_r, buffer, rollout, k_q, self.schedule.initial)
                 asked, answered = asked + a, answered + b
-            if self.pretrain_steps > 0:
-                ens_state, _ = self._fit(ens_state, buffer, k_fit, self.pretrain_steps)
+            # pretraining (0 steps: A.1) ends with r̂'s normalization over the initial labels
+            ens_state, _ = self._fit(ens_state, buffer, k_fit, self.pretrain_steps)
             save(0)
 
         bar = None

@@ -11,7 +11,10 @@ Christiano et al. 2017, §2.2.3, with the options of Ibarz et al. 2018, A.3:
   rate 0.001 per learning step).
 * Optional Gaussian input noise and an L2 penalty on the predicted rewards (Ibarz A.3).
 * r̂ = mean over members of each member's reward normalized to zero mean and unit std (over the
-  label buffer's clips), scaled to ``reward_std`` (1 on MuJoCo-like tasks, 0.05 on Atari).
+  label buffer's clips), scaled to ``reward_std`` (1 on MuJoCo-like tasks, 0.05 on Atari).  The
+  normalization is for the agent only: a member's own prediction P[σ¹ ≻ σ²] — what query
+  selection measures the members' disagreement on (§2.2.4) — is Bradley-Terry on its raw
+  outputs, the scale it was trained at (``predict_preferences``).
 
 One jitted step trains the whole ensemble.  The member axis is ``vmap``ped, walked with
 ``lax.map`` (one member after another inside the same compiled step) or unrolled; which is
@@ -202,24 +205,29 @@ class RewardEnsemble:
         fn = lambda params, stats: self._apply(params, stats, obs, action)[0]
         return over_members(fn, self.mode)(state.params, state.batch_stats)
 
+    def normalize(self, state: EnsembleState, raw: jax.Array) -> jax.Array:
+        """Raw member rewards ``[M, ...]`` -> each member's normalized on its own and scaled to ``reward_std``."""
+        per_member = lambda x: x.reshape(-1, *(1,) * (raw.ndim - 1))
+        return self.reward_std * (raw - per_member(state.norm_mean)) / per_member(state.norm_std)
+
     def normalized_member_rewards(self, state: EnsembleState, obs, action) -> jax.Array:
         """Every member's reward for flat rows, normalized on its own and scaled to ``reward_std``: [M, N]."""
-        raw = self.member_rewards(state, obs, action)
-        return self.reward_std * (raw - state.norm_mean[:, None]) / state.norm_std[:, None]
+        return self.normalize(state, self.member_rewards(state, obs, action))
 
     def predict_reward(self, state: EnsembleState, obs, action) -> jax.Array:
         """r̂ for flat rows [N, ...] -> [N]: members normalized independently, then averaged."""
         return jnp.mean(self.normalized_member_rewards(state, obs, action), axis=0)
 
     def predict_preferences(self, state: EnsembleState, pairs: labels_lib.SegmentPairs) -> jax.Array:
-        """[M, P] each member's P[σ¹ ≻ σ²] (on its normalized scale) for query selection."""
+        """[M, P] each member's own P[σ¹ ≻ σ²] (Bradley-Terry on its raw outputs, with the error
+        model), whose variance across members selects queries (§2.2.4)."""
 
-        def one(params, stats, mean, std):
+        def one(params, stats):
             r, _ = self._pair_rewards(params, stats, pairs.obs, pairs.action)
-            ret = segment_returns((r - mean) / std * self.reward_std)
+            ret = segment_returns(r)
             return preference_probability(ret[:, 0], ret[:, 1], self.config.error_rate)
 
-        return over_members(one, self.mode)(state.params, state.batch_stats, state.norm_mean, state.norm_std)
+        return over_members(one, self.mode)(state.params, state.batch_stats)
 
     # ------------------------------------------------------------------ training
     def _objective(self, r, mu, true_reward):
@@ -305,7 +313,8 @@ class RewardEnsemble:
     def fit(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, key: jax.Array, num_steps: int):
         """``num_steps`` training steps in one compiled scan; metrics averaged over the steps.
 
-        Normalization statistics are refreshed at the end (over the label buffer's clips).
+        Normalization statistics are refreshed at the end (over the label buffer's clips); a fit
+        of 0 steps does only that (its metrics are NaN).
         """
 
         def body(s, k):
@@ -336,6 +345,9 @@ class RewardEnsemble:
             for k in jax.random.split(key, num_steps):
                 state, metrics = step(state, buffer, k)
                 history.append(metrics)
+            if not history:  # 0 steps: NaN metrics, as the scan's mean over no steps
+                shapes = jax.eval_shape(step, state, buffer, key)[1]
+                history = [jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), shapes)]
             metrics = jax.tree.map(lambda *xs: jnp.nanmean(jnp.stack(xs), axis=0), *history)
             return normalize(state, buffer), metrics
 

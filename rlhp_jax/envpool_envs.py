@@ -16,7 +16,9 @@ Atari
   but Pong, whose penalty is 0.
 
 MuJoCo (Christiano A.1)
-  Control costs are removed (``ctrl_cost_weight=0``, contact costs too).  Where the task can
+  Control costs are removed (``ctrl_cost_weight=0``); nothing else of the task's reward is
+  changed.  (Ant's contact cost stays as envpool's Ant-v4 has it: like gym v4's, it leaves
+  contact forces out unless ``use_contact_force``, so the term is 0.)  Where the task can
   run on outside its healthy range (Hopper, Walker2d, Ant) it does (``terminate_when_unhealthy
   =False``), every episode lasts the full 1000 steps and ``terminal_penalty`` is added to the
   true reward on every step spent outside the range; InvertedPendulum and
@@ -72,8 +74,7 @@ MUJOCO_TASKS: dict[str, MujocoTask] = {
     "Walker2d": MujocoTask("Walker2d-v4", 60, "continue", -1.0, ("x_position",),
                            (("terminate_when_unhealthy", False), ("ctrl_cost_weight", 0.0))),
     "Ant": MujocoTask("Ant-v4", 30, "continue", -1.0, ("x_position", "y_position"),
-                      (("terminate_when_unhealthy", False), ("ctrl_cost_weight", 0.0),
-                       ("contact_cost_weight", 0.0))),
+                      (("terminate_when_unhealthy", False), ("ctrl_cost_weight", 0.0))),
     "HalfCheetah": MujocoTask("HalfCheetah-v4", 30, "continue", 0.0, ("x_position",),
                               (("ctrl_cost_weight", 0.0),)),
     "Swimmer": MujocoTask("Swimmer-v4", 38, "continue", 0.0, ("x_position", "y_position"),

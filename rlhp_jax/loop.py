@@ -4,6 +4,8 @@
 environments, the agent, the reward ensemble, the label schedule, the sizes of an iteration)
 and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly functions:
 
+    reward_scale(key)
+        (shift, scale) of the true reward for the RL baseline (``baseline_reward``)
     iteration(agent_state, env_state, obs, ens_state, reward_scale, key)
         the agent acts on r̂ and updates ``updates_per_iter`` times (one ``lax.scan``)
     rollout_only(agent_state, env_state, obs, ens_state, key)
@@ -12,6 +14,16 @@ and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly fun
         q·10 candidate pairs → select q (disagreement or random) → oracle labels → label set
     correlation(rollout, rewards, key)
         corr(r̂, true return) over fresh segments (a diagnostic)
+
+``member_r`` is every member's *raw* reward on each step of a rollout, computed once per
+rollout: the agent trains on r̂ = the mean of the members normalized on their own
+(``agent_rewards``, A.1/A.2: std 1 or 0.05), while query selection (§2.2.4) measures the variance
+of each member's own prediction P[σ¹ ≻ σ²], Bradley-Terry on the member's raw clip sums — the
+scale the member was trained at, not squashed or stretched by the agent's normalization.
+
+The RL baseline (``reward_source="true"``) trains on the task's true reward, as it is
+(``baseline_reward="raw"``: the MuJoCo preset, A.1's modified task) or shifted and scaled by a
+uniformly random policy's mean and std (``"normalized"``, the default for the classic tasks).
 
 A run takes whole iterations of ``steps_per_iter`` environment steps, at least one: ``total_steps``
 is rounded down to them, and ``steps_note`` says so when that changes the number.
@@ -37,6 +49,7 @@ import jax.numpy as jnp
 from rlhp_jax import agents as agents_lib
 from rlhp_jax import labels as labels_lib
 from rlhp_jax import queries
+from rlhp_jax.agents.common import random_reward_stats
 from rlhp_jax.ensemble import RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import segment_return_correlation
@@ -70,9 +83,11 @@ def steps_note(requested: int, run: int, per_iteration: int) -> str | None:
     if run == requested:
         return None
     if requested < per_iteration:
-        return f"--steps {requested} is less than one iteration ({per_iteration} steps): running {run}"
+        return (f"{requested} steps asked for (--steps) are less than one iteration ({per_iteration} steps): "
+                f"running {run}")
     how = "rounded down" if run < requested else "rounded up"
-    return f"--steps {requested} is not a multiple of the {per_iteration} steps of an iteration: {how} to {run}"
+    return (f"{requested} steps asked for (--steps) are not a multiple of the {per_iteration} steps of an iteration: "
+            f"{how} to {run}")
 
 
 def finished_episodes(sums, raw_reward, ends, valid):
@@ -139,16 +154,29 @@ class RunParts:
             else "scan"
 
     # ------------------------------------------------------------------ acting
+    def reward_scale(self, key):
+        """(shift, scale) [2] the baseline's agent reward is ``(true_reward - shift) / scale`` with:
+        (0, 1) when learning from preferences or with ``baseline_reward="raw"``; else the mean and
+        std of the true reward under uniformly random actions (this steps the environments: call
+        it before their reset)."""
+        if self.learn or self.cfg.baseline_reward == "raw":
+            return jnp.asarray((0.0, 1.0), jnp.float32)
+        return jnp.asarray(random_reward_stats(self.env, key), jnp.float32)
+
     def member_rewards(self, ens_state, rollout: Rollout):
-        """[M, T, N] normalized rewards of every member on a rollout."""
+        """[M, T, N] raw rewards of every member on a rollout (see the module docstring)."""
         obs = rollout.obs.reshape(-1, *rollout.obs.shape[2:])
         act = clip_action(self.spec, rollout.action)
         act = act.reshape(-1, *act.shape[2:])
-        r = self.ensemble.normalized_member_rewards(ens_state, obs, act)
+        r = self.ensemble.member_rewards(ens_state, obs, act)
         return r.reshape(r.shape[0], *rollout.true_reward.shape)
 
+    def agent_rewards(self, ens_state, member_r):
+        """r̂ [T, N] the agent trains on: the members' raw rewards each normalized, then averaged."""
+        return jnp.mean(self.ensemble.normalize(ens_state, member_r), axis=0)
+
     def one_update(self, carry, key):
-        """Collect one rollout on r̂ (or the scaled true reward) and update the agent once."""
+        """Collect one rollout on r̂ (or the baseline's true reward) and update the agent once."""
         agent, env = self.agent, self.env
         agent_state, env_state, obs, ens_state, reward_scale = carry
         k_roll, k_upd = jax.random.split(key)
@@ -156,7 +184,7 @@ class RunParts:
                                                   k_roll, agent.config.num_steps)
         if self.learn:
             member_r = self.member_rewards(ens_state, rollout)
-            rewards = jnp.mean(member_r, axis=0)
+            rewards = self.agent_rewards(ens_state, member_r)
         else:
             member_r = jnp.zeros((0, *rollout.true_reward.shape), jnp.float32)
             rewards = (rollout.true_reward - reward_scale[0]) / reward_scale[1]
@@ -197,8 +225,9 @@ class RunParts:
         """q·factor candidate pairs (the first n_live·factor are live); returns the chosen q pairs
         and what their clips need for rendering.
 
-        Candidates are scored from the per-step member rewards already computed for the
-        agent, through cumulative sums: only the chosen pairs' frames are ever gathered."""
+        Candidates are scored from the per-step raw member rewards already computed for the
+        agent, through cumulative sums (only the chosen pairs' frames are ever gathered): each
+        member's P[σ¹ ≻ σ²] on its own clip sums, the q of highest variance across members."""
         cfg, seg_len = self.cfg, self.seg_len
         k_pairs, k_sel = jax.random.split(key)
         pool = q * cfg.candidate_factor

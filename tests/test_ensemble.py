@@ -320,6 +320,20 @@ def test_host_fit_loop_equals_scan(ens1_noreg, fitted1_noreg, buffer1):
     assert int(s_host.steps) == N_FIT_1
 
 
+
+def test_a_fit_of_no_steps_only_normalizes(ens1_noreg, buffer1):
+    """No pretraining (A.1) still normalizes r̂ over the initial labels: a 0-step fit, scan or host loop."""
+    host = RewardEnsemble(MLP_SPEC, dataclasses.replace(ens1_noreg.ens.config, fit_loop="host"))
+    state = ens1_noreg.init(jax.random.key(4))
+    want = ens1_noreg.update_normalization(state, buffer1)
+    assert float(want.norm_std[0]) != 1.0
+    for fit in (ens1_noreg.fit, host.fitter(jit=fast_jit)):
+        got, metrics = fit(state, buffer1, jax.random.key(5), 0)
+        tree_allclose(got.params, state.params, rtol=0, atol=0)
+        np.testing.assert_allclose(got.norm_mean, want.norm_mean, rtol=1e-6)
+        np.testing.assert_allclose(got.norm_std, want.norm_std, rtol=1e-6)
+        assert int(got.steps) == 0 and np.isnan(np.asarray(metrics["train_loss"])).all()
+
 def test_normalized_reward_has_zero_mean_and_configured_std(ens1_noreg, fitted1_noreg, buffer1):
     state, _ = fitted1_noreg
     n = buffer1.capacity * 2 * SEGMENT_LENGTH
@@ -426,6 +440,23 @@ def test_heldout_labels_never_in_training_weights(big_buffer):
     assert np.all(w[held] == 0)
     np.testing.assert_array_equal(w[~held], np.asarray(big_buffer.boot)[~held])
     np.testing.assert_array_equal(np.asarray(labels_lib.heldout_weights(big_buffer)), held.astype(np.float32))
+
+
+def test_no_ensemble_ablation_fits_its_one_predictor_on_every_training_label(buffer1):
+    """§3.3 "no ensemble": a single predictor, so no bootstrap resample — each training label weighs 1."""
+    from rlhp_jax.driver import RunConfig, with_ablation
+
+    cfg = with_ablation(RunConfig(), "no_ensemble").ensemble
+    assert cfg.num_members == 1 and cfg.bootstrap is False
+    train = np.asarray(buffer1.filled[None] & ~buffer1.heldout, np.float32)
+    assert (np.asarray(buffer1.boot)[train > 0] != 1).any()  # a Poisson resample would weigh them otherwise
+    np.testing.assert_array_equal(np.asarray(labels_lib.train_weights(buffer1, cfg.bootstrap)), train)
+    # a fit trains even where every bootstrap count is 0 (a resampling member would not move)
+    single = RewardEnsemble(MLP_SPEC, dataclasses.replace(cfg, member_axis="map"))
+    state = single.init(jax.random.key(0))
+    unsampled = buffer1.replace(boot=jnp.zeros_like(buffer1.boot))
+    moved, _ = fast_jit(single.train_step)(state, unsampled, jax.random.key(1))
+    assert not np.allclose(np.asarray(moved.params["Dense_0"]["kernel"]), np.asarray(state.params["Dense_0"]["kernel"]))
 
 
 def test_bootstrap_counts_are_poisson_one(big_buffer):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rlhp_jax import queries
-from rlhp_jax.envpool_envs import EnvpoolVecEnv, healthy
+from rlhp_jax.envpool_envs import MUJOCO_TASKS, EnvpoolVecEnv, healthy
 from rlhp_jax.envs import make_env
 from rlhp_jax.rollout import collect_rollout
 
@@ -35,6 +35,37 @@ def rollout(name, num_envs, steps, seed=0, **kw):
     state, obs = env.reset(jax.random.key(0))
     _, _, ro = collect_rollout(env, random_policy(env.spec), None, state, obs, jax.random.key(seed), steps)
     return env, jax.tree.map(np.asarray, ro)
+
+
+def lockstep(name, num_envs, steps, seed=1, twin_options=None, **kw):
+    """The wrapper and a raw envpool twin fed the same random actions: (env, our StepOuts [T, N], the
+    twin's outputs [T, N]).  The twin has the wrapper's options and seed, or — with ``twin_options`` —
+    envpool's task with only those options changed from envpool's defaults."""
+    env = EnvpoolVecEnv(name, num_envs, seed=seed, **kw)
+    twin_kwargs = env.envpool_kwargs if twin_options is None else dict(
+        env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, seed=seed, **twin_options)
+    twin = envpool.make(env.envpool_id, **twin_kwargs)
+    state, obs = env.reset()
+    raw_obs, _ = twin.reset()
+    if env.domain == "atari":
+        np.testing.assert_array_equal(np.asarray(obs), np.transpose(np.where(env._mask, 0, raw_obs), (0, 2, 3, 1)))
+    else:
+        np.testing.assert_array_equal(np.asarray(obs), raw_obs.astype(np.float32))
+    step = jax.jit(env.step)
+    rng, spec = np.random.default_rng(seed), env.spec
+    if spec.discrete:
+        actions = rng.integers(0, spec.num_actions, (steps, num_envs)).astype(np.int32)
+    else:
+        actions = rng.uniform(spec.action_low, spec.action_high, (steps, num_envs, spec.num_actions)).astype(np.float32)
+    ours, raw = [], []
+    for a in actions:
+        state, out = step(jax.random.key(0), state, a)
+        ours.append(jax.tree.map(np.asarray, out))
+        o, r, term, trunc, info = twin.step(a if spec.discrete else a.astype(np.float64))
+        raw.append(dict(obs=o, reward=r, term=term, trunc=trunc, elapsed=info["elapsed_step"],
+                        **{k: info[k] for k in ("lives", "reward_contact") if k in info}))
+    stack = lambda xs: {k: np.stack([x[k] for x in xs]) for k in xs[0]}
+    return env, jax.tree.map(lambda *xs: np.stack(xs), *ours), stack(raw)
 
 
 # ------------------------------------------------------------------ MuJoCo (Christiano A.1)
@@ -79,6 +110,30 @@ def test_mujoco_true_reward_is_forward_progress_without_control_cost(backend):
                                rtol=1e-3, atol=1e-3)
     assert np.abs(ro.action).mean() > 0.4  # large random torques, yet no control cost
     np.testing.assert_array_equal(ro.true_reward, ro.raw_reward)  # no healthy range: no penalty
+
+
+# A.1: no control costs; A: leaving the healthy range is a penalty, not an episode end
+A1_MODIFICATIONS = {"ctrl_cost_weight": 0.0, "terminate_when_unhealthy": False}
+
+
+def test_mujoco_tasks_change_only_what_a1_changes():
+    """A.1 removes the control costs and A replaces early termination by a penalty: nothing else of
+    envpool's tasks (their contact costs included) is changed."""
+    for name, task in MUJOCO_TASKS.items():
+        assert set(dict(task.options)) <= set(A1_MODIFICATIONS), name
+        assert all(A1_MODIFICATIONS[k] == v for k, v in task.options), name
+
+
+def test_ant_reward_keeps_the_tasks_contact_cost():
+    """Ant's reward is envpool's Ant-v4 with only A.1's changes, contact cost as the task has it.  In gym
+    v4's Ant (and envpool's) the contact cost weight is 5e-4 but contact forces are left out of the
+    reward unless ``use_contact_force``: the term is exactly 0 on every step of these random rollouts."""
+    defaults = envpool.make_spec("Ant-v4").config
+    assert defaults.contact_cost_weight > 0 and not defaults.use_contact_force
+    env, ours, raw = lockstep("Ant", 2, 100, twin_options=A1_MODIFICATIONS)
+    assert "contact_cost_weight" not in env.envpool_kwargs
+    np.testing.assert_array_equal(ours.raw_reward, raw["reward"].astype(np.float32))
+    np.testing.assert_array_equal(raw["reward_contact"], 0.0)
 
 
 def test_healthy_range_matches_envpool_termination():
@@ -130,25 +185,6 @@ def test_bad_envpool_settings_raise():
 
 
 # ------------------------------------------------------------------ Atari (Christiano A.2, Ibarz A.1)
-def lockstep(name, num_envs, steps, seed=1, **kw):
-    """The wrapper and a raw envpool twin (same options and seed) fed the same random actions."""
-    env = EnvpoolVecEnv(name, num_envs, seed=seed, **kw)
-    twin = envpool.make(env.envpool_id, **env.envpool_kwargs)
-    state, obs = env.reset()
-    raw_obs, _ = twin.reset()
-    np.testing.assert_array_equal(np.asarray(obs), np.transpose(np.where(env._mask, 0, raw_obs), (0, 2, 3, 1)))
-    step = jax.jit(env.step)
-    actions = np.random.default_rng(seed).integers(0, env.spec.num_actions, (steps, num_envs)).astype(np.int32)
-    ours, raw = [], []
-    for a in actions:
-        state, out = step(jax.random.key(0), state, a)
-        ours.append(jax.tree.map(np.asarray, out))
-        o, r, term, trunc, info = twin.step(a)
-        raw.append(dict(obs=o, reward=r, term=term, trunc=trunc, lives=info["lives"], elapsed=info["elapsed_step"]))
-    stack = lambda xs: {k: np.stack([x[k] for x in xs]) for k in xs[0]}
-    return env, jax.tree.map(lambda *xs: np.stack(xs), *ours), stack(raw)
-
-
 @pytest.fixture(scope="module")
 def breakout():
     return lockstep("Breakout", 2, 700)

@@ -36,13 +36,16 @@ def _outputs_ok(out: Path, iterations: int):
 # ------------------------------------------------------------------ entry points, tiny budgets
 def test_mujoco_entry_point_trpo_end_to_end(tmp_path):
     out = tmp_path / "cheetah"
-    rc = mujoco.main(["--env", "HalfCheetah", "--labels", "12", "--steps", "2048", "--pretrain-epochs", "2",
+    rc = mujoco.main(["--env", "HalfCheetah", "--labels", "12", "--steps", "2048",
                       "--agent-config", "num_envs=2", "num_steps=512", "--out", str(out), "--no-progress"])
     assert rc == 0
     rows, summary = _outputs_ok(out, 2)
     assert summary["agent"] == "trpo" and summary["labels"] == 12 == rows[-1]["labels"]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["rate_constant"] == 2e6 and cfg["agent_config"]["gamma"] == 0.995
+    # A.1: no pretraining; the reward model first trains after the first iteration, on the initial labels
+    assert cfg["pretrain_steps"] == 0 and cfg["pretrain_epochs"] is None
+    assert np.isfinite(rows[0]["rm_train_loss"])
     assert all(np.isfinite(r["true_return"]) for r in rows)
 
 
@@ -71,6 +74,7 @@ def test_each_ablation_changes_what_it_claims():
     got = {name: _cfg(mujoco.DOMAIN, ["--env", "Hopper", "--ablation", name]) for name in ABLATIONS}
     assert got["random_queries"].selection == "random" and got["random_queries"].ensemble.num_members == 3
     assert got["no_ensemble"].ensemble.num_members == 1 and got["no_ensemble"].selection == "random"
+    assert got["no_ensemble"].ensemble.bootstrap is False and base.ensemble.bootstrap is True
     assert got["no_online_queries"].initial_label_fraction == 1.0
     assert got["no_regularization"].ensemble.adaptive_l2 is False and base.ensemble.adaptive_l2 is True
     assert got["no_segments"].segment_length == 1
@@ -85,6 +89,23 @@ def test_each_ablation_changes_what_it_claims():
     assert run.seg_len == 1
 
 
+
+def test_presets_pretrain_and_baseline_as_their_appendix_says():
+    """A.1 (MuJoCo): no predictor pretraining before RL (A.2's 200 epochs are Atari's) and a baseline on the
+    modified task's true reward as it is; --pretrain-steps / --pretrain-epochs still choose pretraining.
+    The classic tasks keep their baseline on the true reward scaled by the random policy's statistics."""
+    cheetah = _cfg(mujoco.DOMAIN, ["--env", "HalfCheetah"])
+    assert cheetah.pretrain_steps == 0 and cheetah.pretrain_epochs is None
+    assert _cfg(mujoco.DOMAIN, ["--env", "HalfCheetah", "--pretrain-steps", "300"]).pretrain_steps == 300
+    assert _cfg(mujoco.DOMAIN, ["--env", "HalfCheetah", "--pretrain-epochs", "5"]).pretrain_epochs == 5
+    assert _cfg(mujoco.DOMAIN, ["--env", "HalfCheetah", "--baseline"]).baseline_reward == "raw"
+    pong = _cfg(atari.DOMAIN, ["--pretrain-steps", "300"])  # replaces the preset's 200 epochs
+    assert pong.pretrain_steps == 300 and pong.pretrain_epochs is None
+    assert _cfg(atari.DOMAIN, []).pretrain_epochs == 200
+    assert _cfg(classic.DOMAIN, ["--baseline"]).baseline_reward == "normalized"
+    with pytest.raises(ValueError, match="--pretrain-steps and --pretrain-epochs"):
+        _cfg(mujoco.DOMAIN, ["--pretrain-steps", "3", "--pretrain-epochs", "5"])
+
 def test_no_online_queries_collects_every_label_before_rl(tmp_path, capsys):
     out = tmp_path / "offline"
     # (--steps 5000 is no whole number of 2048-step iterations: the run says so, and runs 4096)
@@ -93,7 +114,7 @@ def test_no_online_queries_collects_every_label_before_rl(tmp_path, capsys):
     assert rc == 0
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["labels"] for r in rows] == [30, 30]
-    assert "--steps 5000 is not a multiple of the 2048 steps of an iteration: rounded down to 4096" \
+    assert "5000 steps asked for (--steps) are not a multiple of the 2048 steps of an iteration: rounded down to 4096" \
         in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requested_steps"] == 5000 and summary["env_steps"] == 4096
@@ -102,7 +123,7 @@ def test_no_online_queries_collects_every_label_before_rl(tmp_path, capsys):
 def test_fewer_steps_than_one_iteration_runs_one_iteration_and_says_so():
     args = build_parser(classic.DOMAIN).parse_args(["--env", "CartPole-v1", "--steps", "1000"])
     run = PreferenceRun(config_from_args(args, classic.DOMAIN), progress=False)
-    assert run.parts.steps_note == "--steps 1000 is less than one iteration (2048 steps): running 2048"
+    assert run.parts.steps_note == "1000 steps asked for (--steps) are less than one iteration (2048 steps): running 2048"
     args = build_parser(classic.DOMAIN).parse_args(["--env", "CartPole-v1", "--steps", "4096"])
     assert PreferenceRun(config_from_args(args, classic.DOMAIN), progress=False).parts.steps_note is None
 

@@ -129,7 +129,8 @@ def test_steps_rounded_up_to_whole_iterations_are_reported(full_run, tmp_path):
 
     saved = config_from_json(json.loads((full_run / "config.json").read_text()))
     run = IbarzRun(dataclasses.replace(saved, total_steps=2500, out=str(tmp_path)), progress=False)
-    assert run.steps_note == "--steps 2500 is not a multiple of the 1000 steps of an iteration: rounded up to 3000"
+    assert run.steps_note == (
+        "2500 steps asked for (--steps) are not a multiple of the 1000 steps of an iteration: rounded up to 3000")
 
 
 def test_diagnostics_alignment_loss_and_frozen(full_run, tmp_path):

@@ -240,3 +240,46 @@ def test_segment_sums_equal_summing_the_gathered_clips(length, seed):
     clips = jnp.stack([gather_segments(jnp.asarray(values[m]), t0, env, length) for m in range(M)])
     np.testing.assert_allclose(np.asarray(sums), np.asarray(clips.sum(-1)), rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(t0) + length <= T)
+
+
+# ------------------------------------------------------------------ disagreement within a run (RunParts)
+def test_run_selects_by_the_members_own_preference_predictions():
+    """§2.2.4: the variance across members of each member's own P[σ¹ ≻ σ²], from its raw reward sums; the
+    per-member normalization (what the agent's r̂ averages) must not enter.  Member 1's normalization scales
+    its rewards up 50×, so normalized and raw disagreement rank the candidates differently here."""
+    import lanes_check
+    from rlhp_jax.loop import RunParts
+    from rlhp_jax.preferences import preference_probability
+    from rlhp_jax.rollout import clip_action
+
+    parts = RunParts(lanes_check.test_config())  # CartPole, 2 members, 10-step clips
+    ens, seg_len = parts.ensemble, parts.seg_len
+    k_agent, k_ens, k_env, k_roll, k_cand = jax.random.split(jax.random.key(0), 5)
+    state = ens.init(k_ens).replace(norm_mean=jnp.array([0.3, -2.0]), norm_std=jnp.array([1.0, 0.02]))
+    env_state, obs = parts.env.reset(k_env)
+    _, _, rollout, member_r = fast_jit(parts.rollout_only)(parts.agent.init(k_agent), env_state, obs, state, k_roll)
+    flat = lambda x: x.reshape(-1, *x.shape[2:])
+    raw = ens.member_rewards(state, flat(rollout.obs), flat(clip_action(parts.spec, rollout.action)))
+    raw = np.asarray(raw).reshape(-1, *rollout.true_reward.shape)  # [M, T, N]
+    normalized = ens.reward_std * (raw - np.asarray(state.norm_mean)[:, None, None]) \
+        / np.asarray(state.norm_std)[:, None, None]
+    # the agent still trains on the mean of the normalized members
+    np.testing.assert_allclose(np.asarray(parts.agent_rewards(state, member_r)), normalized.mean(0), rtol=1e-5)
+
+    q = 8
+    pool = q * parts.cfg.candidate_factor
+    pairs, _ = parts.candidates(member_r, rollout, k_cand, q, q)
+    k_pairs, _ = jax.random.split(k_cand)  # the candidate pool candidates() draws
+    t0, env = sample_segment_starts(k_pairs, rollout.boundary, 2 * pool, seg_len, excluded=~rollout.valid)
+
+    def most_disputed(member_rewards):
+        ret = np.asarray(segment_sums(jnp.asarray(member_rewards), t0, env, seg_len)).reshape(-1, pool, 2)
+        p = np.asarray(preference_probability(ret[..., 0], ret[..., 1], ens.config.error_rate))
+        return np.argsort(-p.var(axis=0), kind="stable")[:q]
+
+    by_raw, by_normalized = most_disputed(raw), most_disputed(normalized)
+    assert set(by_raw) != set(by_normalized)  # the two readings pick different pairs here
+    chosen = lambda idx: (np.asarray(t0).reshape(pool, 2)[idx].reshape(-1), np.asarray(env).reshape(pool, 2)[idx]
+                          .reshape(-1))
+    expected = gather_segments(rollout.obs, *map(jnp.asarray, chosen(by_raw)), seg_len)
+    np.testing.assert_array_equal(np.asarray(pairs.obs), np.asarray(expected).reshape(q, 2, seg_len, -1))
