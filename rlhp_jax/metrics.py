@@ -142,15 +142,21 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
     ax.grid(alpha=0.3)
 
     ax = axes[2]
+    plotted = False
     for key, label in [("reward_correlation", "corr(r̂, true) on fresh segments"),
                        ("val_accuracy", "ensemble validation accuracy")]:
         x, y = series(key)
         if x:
             ax.plot(x, y, label=label)
+            plotted = True
     ax.set_ylim(-0.1, 1.05)
     ax.set_xlabel("environment steps")
     ax.set_title("reward model quality")
-    ax.legend(loc="best", fontsize=8)
+    if plotted:
+        ax.legend(loc="best", fontsize=8)
+    else:  # a run on the true reward has no reward model: say so rather than draw an empty legend
+        ax.text(0.5, 0.5, "no reward model\n(trained on the true reward)", ha="center", va="center",
+                transform=ax.transAxes, color="tab:gray")
     ax.grid(alpha=0.3)
 
     return _save_figure(fig, axes, title, path)

@@ -58,3 +58,18 @@ def test_resume_appends_to_the_same_logdir(tmp_path):
     files = sorted(logdir.glob("events.out.tfevents.*"))  # TensorBoard reads them in name order
     assert len(files) == 2 and files[0].stat().st_mtime_ns <= files[1].stat().st_mtime_ns
     assert read_scalars(logdir)["loss"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
+
+
+def test_a_true_reward_run_plots_without_an_empty_legend(tmp_path):
+    """A run on the true reward has no reward-model curves: its plot says so instead of asking
+    matplotlib for a legend of nothing (which warns)."""
+    import warnings
+
+    from rlhp_jax.metrics import plot_learning_curve
+
+    rows = [dict(iteration=i, env_steps=1000 * i, true_return=float(i), predicted_return=float(i), labels=0,
+                 episode_return=float(i)) for i in (1, 2, 3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = plot_learning_curve(rows, tmp_path / "curve.png", title="baseline")
+    assert path.stat().st_size > 0
