@@ -10,6 +10,10 @@ Christiano et al. 2017, §2.2.3, with the options of Ibarz et al. 2018, A.3:
   while it is below ``l2_low`` ×, and stays put in between (1.1–1.5, Ibarz: initial 1e-4,
   rate 0.001 per learning step).
 * Optional Gaussian input noise and an L2 penalty on the predicted rewards (Ibarz A.3).
+* Vector observations are standardized per feature (mean and std over the labeled clips,
+  refreshed before each fit) before they reach the MLP — not in A.1, which feeds raw features;
+  without it a feature on a 10-50x smaller scale than its neighbours (CartPole's pole angle, a
+  walker's torso height) is nearly ignored under the shared L2 penalty (``BUILD_NOTES.md``).
 * r̂ = mean over members of each member's reward normalized to zero mean and unit std (over the
   label buffer's clips), scaled to ``reward_std`` (1 on MuJoCo-like tasks, 0.05 on Atari).  The
   normalization is for the agent only: a member's own prediction P[σ¹ ≻ σ²] — what query
@@ -61,6 +65,7 @@ class EnsembleConfig:
     chunk_size: int = 4096  # rows per forward pass when scoring the whole label buffer
     loss: str = "preferences"  # Bradley-Terry on labels; "target": squared error to the true clip returns (§3.3 ablation)
     bootstrap: bool = True  # each member on its own bootstrap resample; False: uniform over its training labels (Ibarz A.4)
+    standardize_inputs: bool = True  # vector observations: each feature to zero mean, unit std over the labeled clips
 
     def __post_init__(self):
         if self.num_members < 1:
@@ -84,6 +89,8 @@ class EnsembleState(struct.PyTreeNode):
     val_loss_avg: jax.Array  # [M] running average of the validation BT loss
     norm_mean: jax.Array  # [M] per-member normalization
     norm_std: jax.Array  # [M]
+    input_mean: jax.Array  # [*obs_shape] per-feature mean of the labeled clips' observations (() when off)
+    input_std: jax.Array  # [*obs_shape] per-feature std, floored (() when off)
     steps: jax.Array  # int32 training steps taken
 
 
@@ -134,6 +141,18 @@ def _weight_l2(params) -> jax.Array:
     return sum(jnp.sum(jnp.square(p)) for p in leaves) if leaves else jnp.zeros(())
 
 
+INPUT_STD_FLOOR = 1e-2  # a feature (nearly) constant over the labeled clips is not blown up
+INPUT_CLIP = 10.0  # standardized features are clipped to ±10 (states far from any labeled clip)
+
+
+def standardize(obs, mean, std):
+    """Observations [N, *obs_shape] with each feature centred and scaled by the labeled clips'
+    statistics, clipped to ±``INPUT_CLIP``; unchanged when standardization is off (``mean.ndim == 0``)."""
+    if mean.ndim == 0:
+        return obs
+    return jnp.clip((obs.astype(jnp.float32) - mean) / std, -INPUT_CLIP, INPUT_CLIP)
+
+
 def _to_unit_range(obs):
     return obs.astype(jnp.float32) / 255.0 if jnp.issubdtype(obs.dtype, jnp.integer) else obs
 
@@ -151,6 +170,11 @@ class RewardEnsemble:
         # The MLP has no dropout or batch norm: with no input noise its training-mode forward
         # pass is its inference forward pass, and the fit reuses it for the training loss.
         self.train_mode_is_inference = model_spec.kind == "mlp" and config.input_noise == 0
+        # Vector observations mix features of very different scales (a pole angle in radians next
+        # to velocities 10-50x larger): under one L2 penalty the MLP then barely uses the small
+        # ones.  Images are scaled to [0, 1] and the CNN has batch norm; MinAtar grids are 0/1.
+        self.standardizes = (config.standardize_inputs and model_spec.kind == "mlp"
+                             and len(model_spec.obs_shape) == 1)
 
     # ------------------------------------------------------------------ construction
     def init(self, key: jax.Array) -> EnsembleState:
@@ -173,6 +197,8 @@ class RewardEnsemble:
             val_loss_avg=jnp.zeros((m,), jnp.float32),
             norm_mean=jnp.zeros((m,), jnp.float32),
             norm_std=jnp.ones((m,), jnp.float32),
+            input_mean=jnp.zeros(self.spec.obs_shape if self.standardizes else (), jnp.float32),
+            input_std=jnp.ones(self.spec.obs_shape if self.standardizes else (), jnp.float32),
             steps=jnp.zeros((), jnp.int32),
         )
 
@@ -202,6 +228,7 @@ class RewardEnsemble:
 
     def member_rewards(self, state: EnsembleState, obs, action) -> jax.Array:
         """Raw (unnormalized) rewards of every member for flat rows: [M, N]."""
+        obs = standardize(obs, state.input_mean, state.input_std)
         fn = lambda params, stats: self._apply(params, stats, obs, action)[0]
         return over_members(fn, self.mode)(state.params, state.batch_stats)
 
@@ -221,9 +248,10 @@ class RewardEnsemble:
     def predict_preferences(self, state: EnsembleState, pairs: labels_lib.SegmentPairs) -> jax.Array:
         """[M, P] each member's own P[σ¹ ≻ σ²] (Bradley-Terry on its raw outputs, with the error
         model), whose variance across members selects queries (§2.2.4)."""
+        obs = standardize(pairs.obs, state.input_mean, state.input_std)
 
         def one(params, stats):
-            r, _ = self._pair_rewards(params, stats, pairs.obs, pairs.action)
+            r, _ = self._pair_rewards(params, stats, obs, pairs.action)
             ret = segment_returns(r)
             return preference_probability(ret[:, 0], ret[:, 1], self.config.error_rate)
 
@@ -238,7 +266,7 @@ class RewardEnsemble:
         return bradley_terry_loss(r[:, 0], r[:, 1], mu, self.config.error_rate)
 
     def _member_step(self, params, stats, opt_state, l2, train_avg, val_avg, w_train, w_val, key,
-                     buffer: labels_lib.LabelBuffer, steps):
+                     buffer: labels_lib.LabelBuffer, steps, inputs):
         cfg = self.config
         k_tr, k_val, k_drop, k_noise = jax.random.split(key, 4)
         has_train = jnp.sum(w_train) > 0
@@ -249,7 +277,8 @@ class RewardEnsemble:
         logits_val = jnp.where(has_val, logits_val, 0.0)
         idx_tr = jax.random.categorical(k_tr, logits_tr, shape=(cfg.batch_size,))
         idx_val = jax.random.categorical(k_val, logits_val, shape=(cfg.batch_size,))
-        obs, act, mu = buffer.obs[idx_tr], buffer.action[idx_tr], buffer.mu[idx_tr]
+        obs, act, mu = standardize(buffer.obs[idx_tr], *inputs), buffer.action[idx_tr], buffer.mu[idx_tr]
+        obs_val = standardize(buffer.obs[idx_val], *inputs)
 
         def loss_fn(p):
             x = obs
@@ -270,9 +299,9 @@ class RewardEnsemble:
         # already gave the training loss: only the validation batch needs a forward pass.
         if self.train_mode_is_inference:
             train_loss = bt_train_mode
-            r_val, _ = self._pair_rewards(params, stats, buffer.obs[idx_val], buffer.action[idx_val])
+            r_val, _ = self._pair_rewards(params, stats, obs_val, buffer.action[idx_val])
         else:
-            both_obs = jnp.concatenate([obs, buffer.obs[idx_val]])
+            both_obs = jnp.concatenate([obs, obs_val])
             both_act = jnp.concatenate([act, buffer.action[idx_val]])
             r_eval, _ = self._pair_rewards(params, stats, both_obs, both_act)
             b = cfg.batch_size
@@ -302,7 +331,8 @@ class RewardEnsemble:
         m = self.config.num_members
         w_train = labels_lib.train_weights(buffer, self.config.bootstrap)
         w_val = labels_lib.heldout_weights(buffer)
-        step = functools.partial(self._member_step, buffer=buffer, steps=state.steps)
+        step = functools.partial(self._member_step, buffer=buffer, steps=state.steps,
+                                 inputs=(state.input_mean, state.input_std))
         (params, stats, opt, l2, tr, va), metrics = over_members(step, self.mode)(
             state.params, state.batch_stats, state.opt_state, state.l2, state.train_loss_avg,
             state.val_loss_avg, w_train, w_val, jax.random.split(key, m))
@@ -313,13 +343,14 @@ class RewardEnsemble:
     def fit(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, key: jax.Array, num_steps: int):
         """``num_steps`` training steps in one compiled scan; metrics averaged over the steps.
 
-        Normalization statistics are refreshed at the end (over the label buffer's clips); a fit
-        of 0 steps does only that (its metrics are NaN).
+        The input statistics are refreshed first and the reward normalization at the end (both over
+        the label buffer's clips); a fit of 0 steps does only that (its metrics are NaN).
         """
 
         def body(s, k):
             return self.train_step(s, buffer, k)
 
+        state = self.update_input_statistics(state, buffer)
         state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_steps))
         state = self.update_normalization(state, buffer)
         return state, jax.tree.map(lambda x: jnp.nanmean(x, axis=0), metrics)
@@ -339,8 +370,10 @@ class RewardEnsemble:
             return jit(self.fit, static_argnums=3)
         step = jit(self.train_step)
         normalize = jit(self.update_normalization)
+        inputs = jit(self.update_input_statistics)
 
         def host_fit(state, buffer, key, num_steps):
+            state = inputs(state, buffer)
             history = []
             for k in jax.random.split(key, num_steps):
                 state, metrics = step(state, buffer, k)
@@ -358,7 +391,7 @@ class RewardEnsemble:
         """Raw rewards of every member on every clip step in the buffer: [M, C, 2, T]."""
         c, _, t = buffer.obs.shape[:3]
         n = c * 2 * t
-        obs = buffer.obs.reshape(n, *buffer.obs.shape[3:])
+        obs = standardize(buffer.obs.reshape(n, *buffer.obs.shape[3:]), state.input_mean, state.input_std)
         act = buffer.action.reshape(n, *buffer.action.shape[3:])
         chunk = min(self.config.chunk_size, n)
         pad = (-n) % chunk
@@ -372,6 +405,22 @@ class RewardEnsemble:
             return rows.reshape(-1)[:n].reshape(c, 2, t)
 
         return over_members(member, self.mode)(state.params, state.batch_stats)
+
+    def update_input_statistics(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> EnsembleState:
+        """Per-feature mean and std of the observations of every step of every labeled clip (vector
+        observations; a no-op otherwise).  Refreshed before each fit, so r̂ is one fixed function
+        between fits; the labeled clips grow slowly, so the scale drifts slowly."""
+        if not self.standardizes:
+            return state
+        obs = buffer.obs.astype(jnp.float32)  # [C, 2, T, D]
+        w = jnp.broadcast_to(buffer.filled[:, None, None, None], obs.shape[:3] + (1,)).astype(jnp.float32)
+        total = jnp.maximum(jnp.sum(w) * 1.0, 1.0)
+        mean = jnp.sum(w * obs, axis=(0, 1, 2)) / total
+        var = jnp.sum(w * jnp.square(obs - mean), axis=(0, 1, 2)) / total
+        std = jnp.maximum(jnp.sqrt(var), INPUT_STD_FLOOR)
+        empty = jnp.sum(buffer.filled) == 0
+        return state.replace(input_mean=jnp.where(empty, state.input_mean, mean),
+                             input_std=jnp.where(empty, state.input_std, std))
 
     def update_normalization(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> EnsembleState:
         """Per-member mean and std of raw rewards over every step of every clip in the buffer."""

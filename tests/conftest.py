@@ -89,6 +89,7 @@ class Compiled:
         self.predict_reward = fast_jit(self.ens.predict_reward)
         self.member_rewards = fast_jit(self.ens.member_rewards)
         self.update_normalization = fast_jit(self.ens.update_normalization)
+        self.update_input_statistics = fast_jit(self.ens.update_input_statistics)
         self.evaluate = fast_jit(self.ens.evaluate)
 
     def empty_buffer(self, capacity=CAPACITY, segment_length=SEGMENT_LENGTH):

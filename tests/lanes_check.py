@@ -37,6 +37,18 @@ def lanes(program):
     return program.lanes(grid.pop("seeds"), **grid)
 
 
+def output_bias_leaves(params) -> list[int]:
+    """Leaf indices of the reward model's output-layer bias.  It adds one constant to every reward,
+    which the Bradley-Terry loss cannot see: its gradient is float noise alone, and Adam walks it
+    by ±lr per step in whichever direction a batched or sharded program's rounding points, so
+    comparisons between programs leave it out."""
+    import jax
+
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+    last = max({p.split("']")[0] for p in paths if "Dense_" in p}, key=lambda d: int(d.rsplit("_", 1)[1]))
+    return [j for j, p in enumerate(paths) if p.startswith(last) and p.endswith("['bias']")]
+
+
 def outcome(finals, metrics) -> dict:
     """What the tests compare, as NumPy: labels, their clips, reward-model parameters, metrics."""
     import jax
@@ -46,6 +58,7 @@ def outcome(finals, metrics) -> dict:
     finals, metrics = gather((finals, metrics))
     params = jax.tree.leaves(finals.ensemble.params)
     out = dict(mu=finals.buffer.mu, obs=finals.buffer.obs, filled=finals.buffer.filled, labels=finals.labels,
+               output_bias=np.asarray(output_bias_leaves(finals.ensemble.params)),
                **{f"param{i}": p for i, p in enumerate(params)}, **{f"m_{k}": v for k, v in metrics.items()})
     return {k: np.asarray(v) for k, v in out.items()}
 

@@ -18,7 +18,8 @@ from conftest import MLP_SPEC, OBS_DIM, SEGMENT_LENGTH, Compiled, fast_jit, rand
 from hypothesis import assume, given
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble, adaptive_l2, resolve_member_axis
+from rlhp_jax.ensemble import (INPUT_CLIP, INPUT_STD_FLOOR, EnsembleConfig, RewardEnsemble, adaptive_l2,
+                               resolve_member_axis, standardize)
 from rlhp_jax.reward_models import RewardModelSpec
 
 N_FIT = 500  # steps of every ens3.fit call
@@ -322,14 +323,17 @@ def test_host_fit_loop_equals_scan(ens1_noreg, fitted1_noreg, buffer1):
 
 
 def test_a_fit_of_no_steps_only_normalizes(ens1_noreg, buffer1):
-    """No pretraining (A.1) still normalizes r̂ over the initial labels: a 0-step fit, scan or host loop."""
+    """No pretraining (A.1) still standardizes the inputs and normalizes r̂ over the initial labels:
+    a 0-step fit, scan or host loop."""
     host = RewardEnsemble(MLP_SPEC, dataclasses.replace(ens1_noreg.ens.config, fit_loop="host"))
     state = ens1_noreg.init(jax.random.key(4))
-    want = ens1_noreg.update_normalization(state, buffer1)
-    assert float(want.norm_std[0]) != 1.0
+    want = ens1_noreg.update_normalization(ens1_noreg.update_input_statistics(state, buffer1), buffer1)
+    assert float(want.norm_std[0]) != 1.0 and not np.allclose(want.input_std, 1.0)
     for fit in (ens1_noreg.fit, host.fitter(jit=fast_jit)):
         got, metrics = fit(state, buffer1, jax.random.key(5), 0)
         tree_allclose(got.params, state.params, rtol=0, atol=0)
+        np.testing.assert_allclose(got.input_mean, want.input_mean, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got.input_std, want.input_std, rtol=1e-6)
         np.testing.assert_allclose(got.norm_mean, want.norm_mean, rtol=1e-6)
         np.testing.assert_allclose(got.norm_std, want.norm_std, rtol=1e-6)
         assert int(got.steps) == 0 and np.isnan(np.asarray(metrics["train_loss"])).all()
@@ -360,6 +364,64 @@ def test_normalization_ignores_empty_slots(ens1_noreg, fitted1_noreg, buffer1):
                                           action=act[:128].repeat(2, 0)))
     np.testing.assert_allclose(s.norm_mean, clean.norm_mean, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(s.norm_std, clean.norm_std, rtol=1e-4)
+
+
+def test_input_statistics_are_the_labeled_clips_feature_moments(ens1_noreg, buffer1):
+    """Each feature's mean and std over every step of every filled clip; empty slots do not count;
+    a feature constant over the clips gets the floor, not a zero std."""
+    obs = np.array(buffer1.obs)
+    obs[..., 1] = 3.0  # constant feature
+    half = np.arange(buffer1.capacity) < 128
+    junk = obs.copy()
+    junk[128:] = 1e3
+    state = ens1_noreg.init(jax.random.key(0))
+    got = ens1_noreg.update_input_statistics(state, buffer1.replace(filled=half, obs=junk))
+    rows = obs[:128].reshape(-1, OBS_DIM)
+    np.testing.assert_allclose(got.input_mean, rows.mean(0), rtol=1e-5, atol=1e-6)
+    want_std = np.maximum(rows.std(0), INPUT_STD_FLOOR)
+    np.testing.assert_allclose(got.input_std, want_std, rtol=1e-4)
+    assert float(got.input_std[1]) == pytest.approx(INPUT_STD_FLOOR)
+    # no labels yet: the identity stays
+    empty = ens1_noreg.update_input_statistics(state, buffer1.replace(filled=np.zeros_like(half)))
+    np.testing.assert_array_equal(empty.input_mean, 0.0)
+    np.testing.assert_array_equal(empty.input_std, 1.0)
+
+
+@given(st.floats(-50, 50), st.floats(0.02, 40))
+def test_standardize_centres_and_scales_each_feature(shift, scale):
+    x = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32) * np.float32([scale, 1, 0.05]) + shift
+    mean, std = x.mean(0), x.std(0)
+    z = np.asarray(standardize(jnp.asarray(x), jnp.asarray(mean), jnp.asarray(std)))
+    assert np.abs(z).max() <= INPUT_CLIP
+    np.testing.assert_allclose(np.clip(z, -INPUT_CLIP, INPUT_CLIP), z)
+    unclipped = np.abs((x - mean) / std).max(0) < INPUT_CLIP
+    np.testing.assert_allclose(z.mean(0)[unclipped], 0.0, atol=1e-3)
+    np.testing.assert_allclose(z.std(0)[unclipped], 1.0, rtol=1e-3)
+    # off (scalar statistics): the observations pass through unchanged
+    np.testing.assert_array_equal(standardize(x, jnp.zeros(()), jnp.ones(())), x)
+
+
+def test_standardized_reward_ignores_the_units_of_a_feature(ens1_noreg, fitted1_noreg, buffer1):
+    """r̂ after a fit is a function of the standardized observation: multiplying one feature by
+    1000 (and its statistics with it) leaves every prediction as it was."""
+    state, _ = fitted1_noreg
+    n = buffer1.capacity * 2 * SEGMENT_LENGTH
+    obs, act = np.asarray(buffer1.obs).reshape(n, OBS_DIM), np.asarray(buffer1.action).reshape(n)
+    assert not np.allclose(state.input_std, 1.0)
+    unit = np.ones(OBS_DIM, np.float32)
+    unit[0] = 1000.0
+    rescaled = state.replace(input_mean=state.input_mean * unit, input_std=state.input_std * unit)
+    np.testing.assert_allclose(ens1_noreg.predict_reward(rescaled, obs * unit, act),
+                               ens1_noreg.predict_reward(state, obs, act), rtol=1e-4, atol=1e-4)
+
+
+def test_images_and_grids_are_not_standardized():
+    """The CNN's frames are scaled to [0, 1] (and batch-normed); MinAtar's 0/1 grids go to the MLP as they are."""
+    for kind, shape in (("cnn", (84, 84, 4)), ("mlp", (10, 10, 4))):
+        spec = RewardModelSpec(kind, shape, (), "int32", 3, True)
+        assert not RewardEnsemble(spec).standardizes
+    assert RewardEnsemble(MLP_SPEC).standardizes
+    assert not RewardEnsemble(MLP_SPEC, EnsembleConfig(standardize_inputs=False)).standardizes
 
 
 # ------------------------------------------------------------------ (5) the CNN shares the code
