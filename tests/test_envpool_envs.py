@@ -124,6 +124,29 @@ def test_mujoco_tasks_change_only_what_a1_changes():
         assert all(A1_MODIFICATIONS[k] == v for k, v in task.options), name
 
 
+def test_clips_last_one_and_a_half_seconds_of_each_tasks_own_time():
+    """A.1 compares 1.5 s segments: the task table's step duration is the task's own (its XML's
+    timestep × envpool's frame skip), and a clip is 1.5 s of it, or the whole episode when the
+    episode is shorter (Reacher: 50 steps = 1 s)."""
+    import mujoco
+
+    from rlhp_jax.clips import mujoco_asset
+
+    for name, task in MUJOCO_TASKS.items():
+        spec = envpool.make_spec(task.env_id).config
+        xml, frame_skip = mujoco_asset(name)
+        assert frame_skip == task.frame_skip == spec.frame_skip, name
+        assert mujoco.MjModel.from_xml_path(xml).opt.timestep == pytest.approx(task.model_timestep), name
+        assert task.episode_steps == spec.max_episode_steps, name
+        seconds = task.segment_length * task.control_timestep
+        if task.episode_steps * task.control_timestep >= 1.5:
+            assert abs(seconds - 1.5) <= task.control_timestep / 2 + 1e-9, (name, seconds)
+        else:
+            assert task.segment_length == task.episode_steps, name
+    assert MUJOCO_TASKS["Hopper"].segment_length == MUJOCO_TASKS["Walker2d"].segment_length == 188
+    assert make_env("Hopper", 1).spec.segment_length == 188
+
+
 def test_ant_reward_keeps_the_tasks_contact_cost():
     """Ant's reward is envpool's Ant-v4 with only A.1's changes, contact cost as the task has it.  In gym
     v4's Ant (and envpool's) the contact cost weight is 5e-4 but contact forces are left out of the
