@@ -63,6 +63,9 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--members", type=int, default=None, help="reward-model ensemble size (default 3)")
     p.add_argument("--segment-length", type=int, default=None, help="clip length in steps (default per task)")
     p.add_argument("--rate-constant", type=float, default=None, help="c of the label rate c/(T+c)")
+    p.add_argument("--label-horizon", type=int, default=None,
+                   help="step by which the whole label budget is due (default: the run's last step); a run "
+                        "that ends before it asks only the labels due by then")
     p.add_argument("--initial-labels", type=float, default=None,
                    help="fraction of the budget asked about clips of the untrained policy")
     p.add_argument("--pretrain-epochs", type=float, default=None,
@@ -124,6 +127,9 @@ def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
         if bad:
             raise ValueError(f"{flag} belongs to Christiano et al.'s setup; with --agent dqfd choose a --setup "
                              "(Ibarz uses a single reward model and uniformly chosen clips).")
+    if args.label_horizon is not None:
+        raise ValueError("--label-horizon applies to Christiano et al.'s schedule; Ibarz's protocol spends its "
+                         "budget by the run's end (A.3's rate ∝ 5e6/(T + 5e6); --rate-constant changes c).")
     if args.teacher == "human":
         raise ValueError("--agent dqfd runs with the synthetic oracle only for now; label with people through "
                          "the Christiano setup (--agent a2c --teacher human).")
@@ -204,6 +210,7 @@ def config_from_args(args: argparse.Namespace, domain: Domain):
     ensemble = dataclasses.replace(ens_base, **({"num_members": args.members} if args.members is not None else {}))
     agent_cfg = agent_config(args.agent, args.env, args.agent_config, d.pop("agent_config", None))
     explicit = dict(segment_length=args.segment_length, rate_constant=args.rate_constant,
+                    label_horizon=args.label_horizon,
                     initial_label_fraction=args.initial_labels, pretrain_epochs=args.pretrain_epochs,
                     pretrain_steps=args.pretrain_steps,
                     iteration_steps=args.iteration_steps, selection=args.selection,

@@ -74,6 +74,7 @@ class RunConfig:
     initial_label_fraction: float | None = 0.25  # A.1: 25 % of labels from the untrained policy
     initial_label_count: int | None = None  # A.2: 500 (overrides the fraction)
     rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: total_steps / 4
+    label_horizon: int | None = None  # step by which the whole label budget is due; None: the run's last step
     label_capacity: int | None = None  # keep only the last N labels (A.2: 3,000); None: all
     pretrain_steps: int = 500  # reward-model steps on the initial labels before RL (0: none, A.1)
     pretrain_epochs: float | None = None  # A.2: 200 epochs over the initial labels (overrides pretrain_steps)
@@ -119,7 +120,7 @@ class RunConfig:
             raise ValueError(f"label_source must be 'synthetic' or 'human', got {self.label_source!r}")
         if self.max_pending_queries < 1:
             raise ValueError(f"max_pending_queries must be >= 1, got {self.max_pending_queries}")
-        check_ranges(self, counts=("eval_every", "eval_episodes", "correlation_segments", "label_capacity",
+        check_ranges(self, counts=("eval_every", "eval_episodes", "correlation_segments", "label_capacity", "label_horizon",
                                    "query_max_age_steps", "keep_checkpoints"),
                      nonnegative=("initial_label_count", "pretrain_steps", "pretrain_epochs", "fit_steps",
                                   "iteration_steps", "checkpoint_every"),
@@ -367,6 +368,8 @@ class PreferenceRun:
         restoring = continues_from_checkpoint(ckpt, out, self.resume, self.log)
         if self.parts.steps_note:
             self.log(self.parts.steps_note)
+        if self.parts.schedule is not None:
+            self.log(self.parts.schedule.describe())
         key = jax.random.PRNGKey(cfg.seed)
         key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
         agent_state = self.agent.init(k_agent)

@@ -136,7 +136,8 @@ class RunParts:
             self.schedule = label_schedule(
                 config.labels, self.num_iters * self.steps_per_iter,
                 initial_fraction=None if config.initial_label_count is not None else config.initial_label_fraction,
-                initial_count=config.initial_label_count, rate_constant=config.rate_constant)
+                initial_count=config.initial_label_count, rate_constant=config.rate_constant,
+                budget_steps=config.label_horizon)
         if config.fit_steps is not None:
             self.fit_steps = int(config.fit_steps)
         else:

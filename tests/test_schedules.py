@@ -151,3 +151,28 @@ def test_default_rate_constant():
     s = label_schedule(100, 4000)
     assert s.rate_constant == 1000.0 and s.initial == 25
     assert math.isclose(s.rate(s.rate_constant), s.rate(0) / 2)
+
+
+@given(st.integers(1_000, 10**9), st.integers(0, 10**8))
+def test_rate_follows_a1_formula_whatever_the_run_length(total_steps, t):
+    """A.1: the rate after T steps ∝ 2·10⁶/(T + 2·10⁶) — the shape is the paper's, not stretched
+    over the run (a 1M-step run's rate ends at 2/3 of where it started, as the paper's does)."""
+    s = label_schedule(700, total_steps, initial_fraction=0.25, rate_constant=2e6)
+    assert s.rate(t) / s.rate(0) == pytest.approx(2e6 / (t + 2e6), rel=1e-9)
+
+
+def test_a_run_that_ends_before_the_horizon_asks_what_is_due_then_and_says_so():
+    c, horizon, run = 2e6, 10_000_000, 1_000_000
+    s = label_schedule(700, run, initial_fraction=0.25, rate_constant=c, budget_steps=horizon)
+    want = 175 + 525 * math.log1p(run / c) / math.log1p(horizon / c)
+    assert s.labels_in_run == int(s.due(run)) == math.floor(want) < 700
+    assert int(s.due(horizon)) == s.labels_in_run  # nothing is asked after the run's end
+    assert f"it will ask {s.labels_in_run} of the 700 labels" in s.describe()
+    assert "1,000,000" in s.describe() and "10,000,000" in s.describe()
+    # the same constant with no horizon spends the budget by the run's end, and says so
+    whole = label_schedule(700, run, initial_fraction=0.25, rate_constant=c)
+    assert whole.labels_in_run == 700 and "all due by step 1,000,000" in whole.describe()
+    # the rate's shape is the same either way; only the budget spent differs
+    assert s.rate(run) / s.rate(0) == pytest.approx(whole.rate(run) / whole.rate(0))
+    with pytest.raises(ValueError, match="horizon"):
+        label_schedule(700, run, rate_constant=c, budget_steps=0)
