@@ -1,0 +1,346 @@
+"""experiments.reproduce_mujoco: the Fig. 2 grid's plan (skip, resume, restart, mismatch), its
+runner (failures, progress, --jobs), the target check, the results.md section and the figures.
+
+No MuJoCo and no JAX here: ``reproduce_mujoco.launch`` — the one place the module starts a run —
+is replaced by a fake that writes what ``experiments.mujoco`` would (config.json, metrics.jsonl,
+summary.json) and finishes at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import reproduce_mujoco as rm
+
+STEPS = 1000
+
+
+def write_run(root: Path, task: str, labels: int | None, seed: int, *, steps: int = STEPS, returns=(1.0,),
+              finished: bool = True, config_changes: dict | None = None) -> Path:
+    """A run directory as experiments.mujoco leaves it (finished, or stopped before its summary)."""
+    out = rm.run_dir(root, task, labels, seed)
+    out.mkdir(parents=True)
+    config = dict(env=task, seed=seed, total_steps=steps, labels=700 if labels is None else labels,
+                  reward_source="true" if labels is None else "model", ablation=None, out=str(out))
+    config.update(config_changes or {})
+    (out / "config.json").write_text(json.dumps(config))
+    with open(out / "metrics.jsonl", "w") as f:
+        for i, value in enumerate(returns):
+            f.write(json.dumps({"iteration": i + 1, "env_steps": 100 * (i + 1), "true_return": value}) + "\n")
+    if finished:
+        (out / "summary.json").write_text(json.dumps({"final_true_return": returns[-1]}))
+    return out
+
+
+class FakeProc:
+    """What ``launch`` returns: ``poll()`` is None for ``delay`` calls, then the exit status."""
+
+    def __init__(self, rc: int, delay: int = 0):
+        self.rc, self.delay = rc, delay
+
+    def poll(self):
+        if self.delay:
+            self.delay -= 1
+            return None
+        return self.rc
+
+    def terminate(self):
+        self.rc = -15
+
+    def wait(self):
+        return self.rc
+
+
+class FakeLauncher:
+    """Stands in for ``rm.launch``: records each argv and writes the run it asks for.  A run whose
+    directory name is in ``fail`` exits 1 after writing only its config; returns per arm follow
+    ``returns`` (labels -> list of true returns)."""
+
+    def __init__(self, fail=(), returns=None, delay=0):
+        self.calls, self.fail, self.delay = [], set(fail), delay
+        self.returns = returns or {}
+
+    def __call__(self, argv, log_path):
+        self.calls.append(list(argv))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("fake run\n")
+        if argv[0] == "--resume":
+            out = Path(argv[1])
+            config = json.loads((out / "config.json").read_text())
+            labels = None if config["reward_source"] == "true" else config["labels"]
+            task, seed, steps = config["env"], config["seed"], config["total_steps"]
+        else:
+            flag = dict(zip(argv, argv[1:]))
+            out, task, seed, steps = Path(flag["--out"]), flag["--env"], int(flag["--seed"]), int(flag["--steps"])
+            labels = None if "--baseline" in argv else int(flag["--labels"])
+            assert not out.exists(), "a fresh start must get a directory that is not there"
+        values = self.returns.get(labels, [10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
+        if out.name in self.fail:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(dict(env=task, seed=seed, total_steps=steps,
+                                                             labels=labels or 700,
+                                                             reward_source="true" if labels is None else "model")))
+            return FakeProc(1, self.delay)
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        write_run(out.parent, task, labels, seed, steps=steps, returns=values)
+        return FakeProc(0, self.delay)
+
+
+@pytest.fixture
+def grid(tmp_path, monkeypatch):
+    """(root, argv for main with everything under tmp_path, the fake launcher)."""
+    fake = FakeLauncher()
+    monkeypatch.setattr(rm, "launch", fake)
+    monkeypatch.setattr(rm, "POLL_S", 0.0)
+    root = tmp_path / "runs"
+    argv = ["--root", str(root), "--docs", str(tmp_path / "docs" / "results"),
+            "--results-md", str(tmp_path / "docs" / "results.md"), "--steps", str(STEPS)]
+    return root, argv, fake
+
+
+def test_default_tasks_are_the_eight_of_fig2_and_each_has_a_budget():
+    assert rm.TASKS == ("Reacher", "HalfCheetah", "Hopper", "Walker2d", "Swimmer", "Ant", "InvertedPendulum",
+                        "InvertedDoublePendulum")
+    assert set(rm.TASKS) <= set(rm._known_tasks())
+    assert set(rm.DEFAULT_STEPS) == set(rm.TASKS)
+    args = rm.parse_args([])
+    assert args.tasks == list(rm.TASKS) and args.seed_list == [0, 1, 2, 3, 4] and args.labels == [700]
+
+
+def test_seed_flags_mean_a_count_or_a_list():
+    assert rm.parse_args(["--seeds", "3"]).seed_list == [0, 1, 2]
+    assert rm.parse_args(["--seed-list", "3", "4"]).seed_list == [3, 4]
+    with pytest.raises(SystemExit):
+        rm.parse_args(["--seeds", "2", "--seed-list", "3"])
+
+
+def test_unknown_task_is_a_clear_error(grid, capsys):
+    root, argv, fake = grid
+    assert rm.main(argv + ["--tasks", "Hopper", "Cartwheel"]) == 2
+    err = capsys.readouterr().err
+    assert "Cartwheel" in err and "Hopper" in err.split("supported:")[1]
+    assert fake.calls == []
+
+
+def test_finished_run_is_skipped_started_run_resumed_missing_run_started(grid, capsys):
+    root, argv, fake = grid
+    write_run(root, "Hopper", 700, 0, finished=True)
+    started = write_run(root, "Hopper", None, 0, finished=False)
+    assert rm.main(argv + ["--tasks", "Hopper", "--seed-list", "0", "1"]) == 0
+    assert fake.calls[0] == ["--resume", str(started), "--no-progress"]
+    fresh = fake.calls[1:]
+    assert len(fresh) == 2 and not any(c[0] == "--resume" for c in fresh)
+    assert ["--env", "Hopper", "--seed", "1", "--steps", str(STEPS), "--out", str(rm.run_dir(root, "Hopper", 700, 1)),
+            "--labels", "700", "--no-progress"] in fresh
+    assert any("--baseline" in c and str(rm.run_dir(root, "Hopper", None, 1)) in c for c in fresh)
+    out = capsys.readouterr().out
+    assert "4 runs: 1 finished, 1 to resume, 2 to start" in out
+
+
+def test_progress_line_after_each_run(grid, capsys):
+    root, argv, fake = grid
+    assert rm.main(argv + ["--tasks", "Swimmer", "--seeds", "1"]) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
+    # fake returns 10..60: the last five rows average 40
+    assert lines[0].startswith("[1/2] Swimmer 700labels seed 0: final true return 40.0 (wall ")
+    assert lines[1].startswith("[2/2] Swimmer baseline seed 0: final true return 40.0 (wall ")
+    assert lines[1].endswith("about 0 min left") and "min left" in lines[0]
+
+
+def test_incomplete_directory_is_moved_aside_not_deleted(grid):
+    root, argv, fake = grid
+    broken = rm.run_dir(root, "Hopper", 700, 0)
+    (broken / "checkpoints").mkdir(parents=True)
+    (broken / "config.json").write_text('{"env": "Hop')  # killed while writing it
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 0
+    aside = [p for p in root.iterdir() if p.name.startswith(broken.name + ".incomplete-")]
+    assert len(aside) == 1 and (aside[0] / "checkpoints").is_dir()
+    assert (broken / "summary.json").exists()
+    assert fake.calls[0][:2] == ["--env", "Hopper"]
+
+
+@pytest.mark.parametrize("changes, key", [({"total_steps": 2 * STEPS}, "total_steps"), ({"labels": 350}, "labels"),
+                                          ({"seed": 7}, "seed"), ({"env": "Walker2d"}, "env"),
+                                          ({"reward_source": "true"}, "reward_source")])
+def test_config_mismatch_stops_before_any_run_naming_the_directory(grid, capsys, changes, key):
+    root, argv, fake = grid
+    wrong = write_run(root, "Hopper", 700, 0, finished=changes.get("labels") is None, config_changes=changes)
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert str(wrong) in err and key in err
+    assert fake.calls == []
+
+
+def test_baseline_config_keeps_its_unused_label_count_without_mismatch(grid):
+    root, argv, fake = grid
+    write_run(root, "Hopper", None, 0, config_changes={"labels": 1400})
+    write_run(root, "Hopper", 700, 0)
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 0
+    assert fake.calls == []
+
+
+def test_failed_run_is_reported_and_the_others_still_run(grid, capsys):
+    root, argv, fake = grid
+    fake.fail = {rm.run_dir(root, "Hopper", None, 0).name}
+    assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1"]) == 1
+    captured = capsys.readouterr()
+    log = rm.Run("Hopper", None, 0, STEPS).log_path(root)
+    assert f"Hopper baseline seed 0: FAILED (exit 1); log: {log}" in captured.out
+    assert str(log) in captured.err
+    assert len(fake.calls) == 4
+    for task, labels in [("Hopper", 700), ("Swimmer", 700), ("Swimmer", None)]:
+        assert (rm.run_dir(root, task, labels, 0) / "summary.json").exists()
+    # the next invocation resumes the failed run and skips the others
+    fake.fail = set()
+    fake.calls.clear()
+    assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1"]) == 0
+    assert fake.calls == [["--resume", str(rm.run_dir(root, "Hopper", None, 0)), "--no-progress"]]
+
+
+def test_jobs_runs_that_many_at_once(grid, monkeypatch):
+    root, argv, fake = grid
+    fake.delay = 2
+    running, peak = [], [0]
+    real_call = fake.__call__
+
+    def counting(argv_, log_path):
+        proc = real_call(argv_, log_path)
+        running.append(proc)
+        peak[0] = max(peak[0], sum(1 for p in running if p.delay > 0))
+        return proc
+
+    monkeypatch.setattr(rm, "launch", counting)
+    assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "2", "--jobs", "3"]) == 0
+    assert len(running) == 8 and peak[0] == 3
+
+
+def test_dry_run_runs_nothing_and_moves_nothing(grid, capsys):
+    root, argv, fake = grid
+    write_run(root, "Hopper", 700, 0)
+    write_run(root, "Hopper", None, 0, finished=False)
+    broken = rm.run_dir(root, "Swimmer", 700, 0)
+    (broken / "checkpoints").mkdir(parents=True)
+    before = sorted(p.name for p in root.iterdir())
+    assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs: 1 finished, 1 to resume, 2 to start (1 of them after moving an incomplete directory aside)" in out
+    assert fake.calls == [] and sorted(p.name for p in root.iterdir()) == before
+    assert not Path(argv[argv.index("--results-md") + 1]).exists()
+
+
+@pytest.mark.parametrize("learned, rl, ok", [(90.0, 100.0, True), (89.9, 100.0, False), (150.0, 100.0, True),
+                                             (-11.0, -10.0, True), (-11.1, -10.0, False), (-5.0, -10.0, True),
+                                             (0.0, 0.0, True), (-0.1, 0.0, False)])
+def test_meets_target_for_positive_and_nonpositive_rl(learned, rl, ok):
+    assert rm.meets_target(learned, rl) is ok
+
+
+def test_final_return_is_the_mean_of_the_last_five_rows():
+    rows = [{"true_return": v} for v in [100.0, 1.0, 2.0, 3.0, 4.0, 5.0]]
+    assert rm.final_return(rows) == 3.0
+    assert rm.final_return(rows[-2:]) == 4.5
+    assert rm.final_return([{"true_return": None}, {"true_return": 7.0}]) == 7.0
+    assert rm.final_return([]) is None
+
+
+def test_results_section_is_replaced_between_markers_and_nothing_else_changes(tmp_path):
+    md = tmp_path / "results.md"
+    before = "# Results\n\nintro\n\n## Fig. 2\n\n"
+    after = "\n\n## Pong\n\ntext with a | pipe\n"
+    md.write_text(f"{before}{rm.TABLE_BEGIN}\nold table\n{rm.TABLE_END}{after}")
+    rm.write_results_section(md, "| new | table |")
+    assert md.read_text() == f"{before}{rm.TABLE_BEGIN}\n| new | table |\n{rm.TABLE_END}{after}"
+    rm.write_results_section(md, "second")
+    assert md.read_text() == f"{before}{rm.TABLE_BEGIN}\nsecond\n{rm.TABLE_END}{after}"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.md"]  # no temporary file left behind
+
+
+def test_results_section_is_appended_when_the_markers_are_absent(tmp_path):
+    md = tmp_path / "results.md"
+    md.write_text("# Results\n\nsomething")
+    rm.write_results_section(md, "the table")
+    assert md.read_text() == (f"# Results\n\nsomething\n\n{rm.SECTION_TITLE}\n\n"
+                              f"{rm.TABLE_BEGIN}\nthe table\n{rm.TABLE_END}\n")
+    rm.write_results_section(md, "again")  # now the markers are there: replaced, not appended twice
+    assert md.read_text().count(rm.SECTION_TITLE) == 1 and "again" in md.read_text()
+
+
+def test_results_section_refuses_broken_markers(tmp_path):
+    md = tmp_path / "results.md"
+    text = f"a\n{rm.TABLE_END}\nb\n{rm.TABLE_BEGIN}\n"
+    md.write_text(text)
+    with pytest.raises(rm.GridError, match="markers"):
+        rm.write_results_section(md, "x")
+    assert md.read_text() == text
+
+
+def test_table_counts_finished_seeds_only_and_checks_the_targets(tmp_path):
+    root = tmp_path
+    for seed in (0, 1):
+        write_run(root, "Hopper", 700, seed, returns=[95.0 + 10 * seed])  # 95, 105: mean 100
+        write_run(root, "Hopper", None, seed, returns=[100.0])
+        write_run(root, "Hopper", 1400, seed, returns=[90.0])
+        write_run(root, "Swimmer", 700, seed, returns=[50.0])
+    write_run(root, "Hopper", None, 2, returns=[-1000.0], finished=False)  # still going: not in the table
+    write_run(root, "Swimmer", None, 0, returns=[100.0])
+    table = rm.results_table(root, ["Hopper", "Swimmer", "Ant"], [700, 1400], [0, 1, 2])
+    lines = table.splitlines()
+    assert lines[0] == "| task | 700 labels | 1400 labels | RL on the true reward | 700 labels vs RL | 1400 ≥ 700 |"
+    assert lines[2] == "| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS | no |"
+    assert lines[3] == "| Swimmer | 50.0 ± 0.0 (2 seeds) | – | 100 ± 0 (1 seed) | FAIL | – |"
+    assert lines[4] == "| Ant | – | – | – | – | – |"
+    assert "1400" not in rm.results_table(root, ["Hopper"], [700], [0, 1]).splitlines()[0]
+
+
+def test_grid_writes_figures_and_the_results_section(grid):
+    root, argv, fake = grid
+    fake.returns = {700: [10.0] * 6, None: [10.5] * 6, 350: [1.0, 2.0, 3.0]}
+    results_md = Path(argv[argv.index("--results-md") + 1])
+    results_md.parent.mkdir(parents=True)
+    results_md.write_text("# Results\n")
+    assert rm.main(argv + ["--tasks", "Hopper", "Reacher", "Ant", "--seeds", "2", "--labels", "700", "350"]) == 0
+    docs = Path(argv[argv.index("--docs") + 1])
+    for name in ["mujoco_Hopper.png", "mujoco_Reacher.png", "mujoco_Ant.png", "mujoco_fig2.png"]:
+        assert (docs / name).stat().st_size > 1000, name
+    text = results_md.read_text()
+    assert text.startswith("# Results\n\n" + rm.SECTION_TITLE)
+    assert "| Hopper | 2.0 ± 0.0 (2 seeds) | 10.0 ± 0.0 (2 seeds) | 10.5 ± 0.0 (2 seeds) | PASS |" in text
+    assert ("`python -m experiments.reproduce_mujoco --tasks Hopper Reacher Ant --seeds 2 --labels 350 700 "
+            f"--steps {STEPS}`") in text
+    assert all(f"- {item}" in text for item in rm.A1_DIFFERENCES)
+    assert "](results/mujoco_fig2.png)" in text
+
+
+def test_plot_only_runs_nothing_and_redraws_from_what_exists(grid):
+    root, argv, fake = grid
+    write_run(root, "Swimmer", 700, 0, returns=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    write_run(root, "Swimmer", 700, 1, returns=[1.0, 2.0, 3.0], finished=False)  # shorter: common prefix
+    assert rm.main(argv + ["--tasks", "Swimmer", "--seeds", "3", "--plot-only"]) == 0
+    assert fake.calls == []
+    docs = Path(argv[argv.index("--docs") + 1])
+    assert (docs / "mujoco_Swimmer.png").stat().st_size > 1000 and (docs / "mujoco_fig2.png").exists()
+    assert "| Swimmer | 5.0 ± 0.0 (1 seed) | – | – |" in Path(argv[argv.index("--results-md") + 1]).read_text()
+
+
+def test_seed_curves_smooth_over_five_points_and_cut_to_the_common_prefix(tmp_path):
+    write_run(tmp_path, "Hopper", 700, 0, returns=[0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0])
+    write_run(tmp_path, "Hopper", 700, 1, returns=[5.0] * 6, finished=False)
+    x, ys = rm.seed_curves(tmp_path, "Hopper", 700, [0, 1, 2])
+    assert list(x) == [500.0, 600.0]
+    assert ys.tolist() == [[10.0, 15.0], [5.0, 5.0]]
+    assert rm.seed_curves(tmp_path, "Hopper", None, [0, 1]) is None
+
+
+def test_launch_starts_experiments_mujoco_with_its_output_in_the_log(tmp_path):
+    """The real seam, with flags experiments.mujoco refuses at once (no run, no compile)."""
+    log = tmp_path / "runs" / "x.log"
+    proc = rm.launch(["--env", "NoSuchTask", "--no-progress"], log)
+    assert proc.wait(timeout=120) == 2
+    text = log.read_text()
+    assert "$ python -m experiments.mujoco --env NoSuchTask --no-progress" in text
+    assert "Unknown environment 'NoSuchTask'" in text
