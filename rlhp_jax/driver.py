@@ -290,6 +290,7 @@ class PreferenceRun:
         self._fit = self.ensemble.fitter()
         self._evaluate_ensemble = jax.jit(self.ensemble.evaluate)
         self._correlation = jax.jit(parts.correlation)
+        self._falls = jax.jit(parts.fall_diagnostics)
         if self.can_evaluate:
             env, agent = self.env, self.agent
             self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
@@ -504,6 +505,9 @@ class PreferenceRun:
                     row["val_accuracy"] = nanmean_or_none(ev["val_accuracy"])
                     row["rm_val_loss"] = nanmean_or_none(ev["val_loss"])
                 row["reward_correlation"] = finite_or_none(self._correlation(rollout, rewards, k_corr))
+                if self.parts.has_falls:  # its own key: every other draw stays as it was
+                    falls = self._falls(rollout, rewards, member_r, jax.random.fold_in(k_corr, 1))
+                    row.update({f"fall_{k}": finite_or_none(v) for k, v in falls.items()})
                 row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2)
             episodes, episode_return = tracker.update(rollout.raw_reward, self.parts.episode_ends(rollout),
                                                       rollout.valid)

@@ -14,6 +14,9 @@ and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly fun
         q·10 candidate pairs → select q (disagreement or random) → oracle labels → label set
     correlation(rollout, rewards, key)
         corr(r̂, true return) over fresh segments (a diagnostic)
+    fall_diagnostics(rollout, rewards, member_r, key)
+        on tasks with a penalty for leaving the healthy range: how often the agent is out of it, how
+        often candidate and chosen clips show it, and what r̂ makes of it (a diagnostic)
 
 ``member_r`` is every member's *raw* reward on each step of a rollout, computed once per
 rollout: the agent trains on r̂ = the mean of the members normalized on their own
@@ -59,6 +62,7 @@ from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
 from rlhp_jax.schedules import label_schedule
 
 MAX_QUERY_CHUNK = 1024  # pairs selected and labeled in one compiled call
+FALL_PROBE_PAIRS = 64  # pairs the fall diagnostics select (from 10x as many candidates) per iteration
 
 
 def bucket(n: int) -> int:
@@ -229,6 +233,18 @@ class RunParts:
         Candidates are scored from the per-step raw member rewards already computed for the
         agent, through cumulative sums (only the chosen pairs' frames are ever gathered): each
         member's P[σ¹ ≻ σ²] on its own clip sums, the q of highest variance across members."""
+        seg_len = self.seg_len
+        t0, env_idx, idx = self._choose(member_r, rollout, key, n_live, q)
+        pool = t0.shape[0] // 2
+        t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
+        take = lambda x: queries.gather_segments(x, t0, env_idx, seg_len).reshape(q, 2, seg_len, *x.shape[2:])
+        pairs = labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
+                                        true_reward=take(rollout.true_reward))
+        return pairs, take(rollout.render)  # render: what a clip of the pair needs (MuJoCo root position)
+
+    def _choose(self, member_r, rollout: Rollout, key, n_live, q: int):
+        """The candidate clips' starts ``(t0, env)`` [2·q·factor] (pair i = clips 2i, 2i+1) and the
+        indices [q] of the pairs selection picks among them."""
         cfg, seg_len = self.cfg, self.seg_len
         k_pairs, k_sel = jax.random.split(key)
         pool = q * cfg.candidate_factor
@@ -241,11 +257,7 @@ class RunParts:
             idx = queries.select_by_disagreement(probs, q, live)
         else:
             idx = queries.select_random(k_sel, pool, q, live)
-        t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
-        take = lambda x: queries.gather_segments(x, t0, env_idx, seg_len).reshape(q, 2, seg_len, *x.shape[2:])
-        pairs = labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
-                                        true_reward=take(rollout.true_reward))
-        return pairs, take(rollout.render)  # render: what a clip of the pair needs (MuJoCo root position)
+        return t0, env_idx, idx
 
     def query_chunk(self, buffer, member_r, rollout: Rollout, keys, n_live, q: int):
         """One chunk of queries to the synthetic oracle: select q pairs (the first ``n_live`` real),
@@ -267,6 +279,48 @@ class RunParts:
         if self.spec.on_terminate == "reset":
             ends = ends | rollout.terminated
         return ends
+
+    @property
+    def has_falls(self) -> bool:
+        """Does the task penalize leaving a healthy range (Hopper, Walker2d, Ant, the pendulums, CartPole)?"""
+        return self.spec.terminal_penalty != 0
+
+    def fallen(self, rollout: Rollout):
+        """[T, N] steps the task penalizes for being out of its healthy range: every such step where
+        the task runs on (A.1's penalty replaces termination), the fall itself where it resets."""
+        if self.spec.on_terminate == "continue":
+            return (rollout.true_reward - rollout.raw_reward) <= 0.5 * self.spec.terminal_penalty
+        return rollout.terminated
+
+    def fall_diagnostics(self, rollout: Rollout, rewards, member_r, key) -> dict:
+        """What the method sees of falls in one iteration's rollout (BUILD_NOTES, falling tasks):
+
+        out_of_range     fraction of the agent's steps out of the healthy range
+        candidate_falls  fraction of candidate clips (uniform over the rollout) holding such a step
+        chosen_falls     the same among the clips of the FALL_PROBE_PAIRS pairs selection picks
+                         from 10x as many candidates (what the queries of this rollout would show)
+        rhat_fallen / rhat_healthy   mean r̂ (as the agent gets it) on out-of-range / healthy steps
+        corr_fall_clips / corr_healthy_clips   corr(r̂, true return) over clips with / without such a step
+        """
+        nan = jnp.float32(jnp.nan)
+        valid = rollout.valid
+        fallen = self.fallen(rollout) & valid
+        healthy = valid & ~fallen
+        mean_over = lambda x, m: jnp.where(m.any(), jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(m.sum(), 1), nan)
+        k_sel, k_seg = jax.random.split(key)
+        q = FALL_PROBE_PAIRS
+        t0, env_idx, idx = self._choose(member_r, rollout, k_sel, q, q)
+        in_clip = queries.segment_sums(fallen.astype(jnp.float32), t0, env_idx, self.seg_len) > 0  # [2·pool]
+        chosen = in_clip.reshape(-1, 2)[idx]
+        t0, env_idx = queries.sample_segment_starts(k_seg, rollout.boundary, self.cfg.correlation_segments,
+                                                    self.seg_len, excluded=~valid)
+        sums = lambda x: queries.segment_sums(x, t0, env_idx, self.seg_len)
+        pred, true, has_fall = sums(rewards), sums(rollout.true_reward), sums(fallen.astype(jnp.float32)) > 0
+        return dict(out_of_range=jnp.sum(fallen) / jnp.maximum(jnp.sum(valid), 1),
+                    candidate_falls=jnp.mean(in_clip), chosen_falls=jnp.mean(chosen),
+                    rhat_fallen=mean_over(rewards, fallen), rhat_healthy=mean_over(rewards, healthy),
+                    corr_fall_clips=segment_return_correlation(pred, true, has_fall),
+                    corr_healthy_clips=segment_return_correlation(pred, true, ~has_fall))
 
     def correlation(self, rollout: Rollout, rewards, key):
         """Pearson correlation of predicted and true returns over fresh segments of the rollout."""

@@ -14,10 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def segment_return_correlation(predicted: jax.Array, true: jax.Array) -> jax.Array:
-    """Pearson correlation between predicted and true segment returns ([S] each); NaN if constant."""
-    p = predicted - jnp.mean(predicted)
-    t = true - jnp.mean(true)
+def segment_return_correlation(predicted: jax.Array, true: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Pearson correlation between predicted and true segment returns ([S] each) over the segments
+    in ``mask`` (all by default); NaN if either is constant there (or fewer than two segments)."""
+    w = jnp.ones_like(predicted) if mask is None else mask.astype(predicted.dtype)
+    n = jnp.maximum(jnp.sum(w), 1.0)
+    p = w * (predicted - jnp.sum(w * predicted) / n)
+    t = w * (true - jnp.sum(w * true) / n)
     denom = jnp.sqrt(jnp.sum(p * p) * jnp.sum(t * t))
     return jnp.where(denom > 0, jnp.sum(p * t) / jnp.maximum(denom, 1e-12), jnp.nan)
 
