@@ -53,6 +53,8 @@ def plot(run_dirs: list[Path], out: Path) -> None:
                 ax.plot(x, y, style, color=colors[i % len(colors)], label=label, lw=1.2)
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
+            if "fraction" in title:
+                ax.set_ylim(-0.02, 1.02)
     for ax in axes[1]:
         ax.set_xlabel("environment steps")
     for ax in axes.flat:

@@ -90,3 +90,26 @@ def test_learned_reward_ranks_falling_below_standing(hopper):
     d = jax.jit(parts.fall_diagnostics)(rollout, rewards, parts.member_rewards(state, rollout), jax.random.PRNGKey(4))
     assert float(d["rhat_fallen"]) < float(d["rhat_healthy"]) - 0.5
     assert float(d["corr_fall_clips"]) > 0.5
+
+
+def test_fall_diagnostics_plot(tmp_path):
+    """The plot command draws a run's fall_* columns and refuses a run that has none."""
+    import json
+
+    from experiments import fall_diagnostics
+
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    for d in (run, plain):
+        d.mkdir()
+    keys = ("out_of_range", "candidate_falls", "chosen_falls", "rhat_fallen", "rhat_healthy",
+            "corr_fall_clips", "corr_healthy_clips")
+    rows = [dict(env_steps=1000 * i, **{f"fall_{k}": (None if k == "corr_healthy_clips" else 0.1 * i) for k in keys})
+            for i in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (plain / "metrics.jsonl").write_text(json.dumps(dict(env_steps=1000, true_return=1.0)) + "\n")
+    out = tmp_path / "falls.png"
+    assert fall_diagnostics.main([str(run), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="no fall diagnostics"):
+        fall_diagnostics.main([str(plain), "--out", str(tmp_path / "x.png")])
+    assert fall_diagnostics.main([str(tmp_path / "missing")]) == 2
