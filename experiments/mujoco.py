@@ -8,11 +8,13 @@
 Paper settings (A.1): TRPO with γ = 0.995, λ = 0.97 and an entropy bonus of 0.01 (0.001 on
 Swimmer) when learning from the predictor; the A.1 reward MLP, an ensemble of 3 with 10×
 candidates and disagreement selection, 1/e validation and adaptive L2, r̂ normalized to std 1;
-clips of ~1.5 s (25–60 steps by task); 25 % of the labels from the untrained policy, then a
-label rate ∝ 2·10⁶/(T + 2·10⁶); control costs removed; leaving the healthy range costs a penalty
-instead of ending the episode.  The predictor processes about one label per 10 RL steps and is
-not pretrained before RL (appendix A pretrains for 200 epochs in the Atari domain only;
---pretrain-steps / --pretrain-epochs add it).  The baseline (--baseline) trains on the true
+clips of 1.5 s (30–188 steps by task; Reacher's whole 50-step episode); 25 % of the labels from
+the untrained policy, then a label rate ∝ 2·10⁶/(T + 2·10⁶); control costs removed; leaving the
+healthy range costs a penalty instead of ending the episode.  The predictor processes about one
+label per 10 RL steps.  The paper trains it asynchronously, so by the time the first batch is
+scored it has fitted the initial labels for one batch's worth of steps; here it does that much
+before the first update, and no more (appendix A's 200 pretraining epochs are Atari's;
+--pretrain-steps / --pretrain-epochs change it).  The baseline (--baseline) trains on the true
 reward of this modified task as it is.
 """
 
@@ -42,7 +44,9 @@ def settings(args, env: str) -> dict:
         rate_constant=2e6,  # A.1: label rate ∝ 2e6 / (T + 2e6)
         fit_steps=None,  # from labels_per_rl_step
         labels_per_rl_step=0.1,  # A.2's "1 label per 10 RL timesteps", used for both domains
-        pretrain_steps=0,  # A: "In the Atari domain we also pretrain": not on MuJoCo
+        # A pretrains (200 epochs) "in the Atari domain" only; on MuJoCo the asynchronous predictor has
+        # fitted one iteration's share of labels by the time the first batch is scored: do that much
+        pretrain_steps=None,
         baseline_reward="raw",  # the true reward of the modified task, unscaled
         eval_every=5,
     )

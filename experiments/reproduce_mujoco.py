@@ -162,14 +162,29 @@ def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> list[R
     return [Run(task, labels, seed, steps_for(task)) for seed in seeds for task in tasks for labels in arms]
 
 
-def config_mismatches(run: Run, config: dict) -> list[str]:
-    """How a run directory's ``config.json`` (``rlhp_jax.driver.config_to_json``: keys ``env``,
-    ``seed``, ``total_steps``, ``reward_source``, ``labels``) differs from the run asked for."""
-    want = {"env": run.task, "seed": run.seed, "total_steps": run.steps,
-            "reward_source": "true" if run.labels is None else "model"}
-    if run.labels is not None:  # a baseline's config records the default budget it never uses
-        want["labels"] = run.labels
-    return [f"{key} is {config.get(key)!r}, asked for {value!r}" for key, value in want.items()
+def expected_config(run: Run, root: Path) -> dict:
+    """The ``config.json`` that ``experiments.mujoco`` would write for this run today — every
+    setting, the code's defaults included — without its output path."""
+    from experiments.cli import build_parser, config_from_args
+    from rlhp_jax.driver import config_to_json
+
+    args = build_parser(mujoco.DOMAIN).parse_args(run.fresh_argv(root))
+    return {k: v for k, v in config_to_json(config_from_args(args, mujoco.DOMAIN)).items() if k != "out"}
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def config_mismatches(run: Run, config: dict, root: Path) -> list[str]:
+    """How a run directory's ``config.json`` differs from the run asked for with today's settings:
+    any field (a preset that changed since the run was made is a mismatch too), except the output
+    path and, for the true-reward arm, the label budget it never uses."""
+    want = expected_config(run, root)
+    if run.labels is None:
+        want.pop("labels", None)
+    return [f"{key} is {_short(config.get(key))}, asked for {_short(value)}" for key, value in want.items()
             if config.get(key) != value]
 
 
@@ -197,7 +212,7 @@ def run_state(run: Run, root: Path) -> str:
             raise GridError(f"{directory} has a summary.json but no readable config.json: it was not written by "
                             "experiments.mujoco; move it away or use another --root")
         return "restart"
-    problems = config_mismatches(run, config)
+    problems = config_mismatches(run, config, root)
     if problems:
         raise GridError(f"{directory} holds another run than the one asked for: {'; '.join(problems)}. "
                         "Use another --root, or flags that match that run (e.g. its --steps).")

@@ -76,7 +76,9 @@ class RunConfig:
     rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: total_steps / 4
     label_horizon: int | None = None  # step by which the whole label budget is due; None: the run's last step
     label_capacity: int | None = None  # keep only the last N labels (A.2: 3,000); None: all
-    pretrain_steps: int = 500  # reward-model steps on the initial labels before RL (0: none, A.1)
+    # reward-model steps on the initial labels before RL; None: one iteration's share (fit_steps), what
+    # a predictor trained asynchronously (A.1/A.2) has done by the time the first batch is scored
+    pretrain_steps: int | None = 500
     pretrain_epochs: float | None = None  # A.2: 200 epochs over the initial labels (overrides pretrain_steps)
     fit_steps: int | None = 50  # reward-model steps per iteration; None: from labels_per_rl_step
     labels_per_rl_step: float = 0.1  # A.2: the predictor "processes 1 label per 10 RL timesteps"

@@ -149,7 +149,9 @@ class RunParts:
         if config.pretrain_epochs is not None and self.learn:
             self.pretrain_steps = math.ceil(config.pretrain_epochs * max(self.schedule.initial, 1) / ens_cfg.batch_size)
         else:
-            self.pretrain_steps = int(config.pretrain_steps)
+            # None: the fit an asynchronous predictor does while the first batch is collected, so the first
+            # update is not scored by an untrained network (every later one lags by the same one iteration)
+            self.pretrain_steps = self.fit_steps if config.pretrain_steps is None else int(config.pretrain_steps)
         self.label_capacity = min(config.label_capacity or config.labels, config.labels)  # never more than labels
         self.can_evaluate = hasattr(self.env, "episodic_reset")
         # XLA:CPU runs convolution gradients ~20x slower inside a loop body (BUILD_NOTES, jax#12868):

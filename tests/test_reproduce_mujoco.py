@@ -22,8 +22,7 @@ def write_run(root: Path, task: str, labels: int | None, seed: int, *, steps: in
     """A run directory as experiments.mujoco leaves it (finished, or stopped before its summary)."""
     out = rm.run_dir(root, task, labels, seed)
     out.mkdir(parents=True)
-    config = dict(env=task, seed=seed, total_steps=steps, labels=700 if labels is None else labels,
-                  reward_source="true" if labels is None else "model", ablation=None, out=str(out))
+    config = dict(expected(task, labels, seed, steps, root), out=str(out))
     config.update(config_changes or {})
     (out / "config.json").write_text(json.dumps(config))
     with open(out / "metrics.jsonl", "w") as f:
@@ -32,6 +31,11 @@ def write_run(root: Path, task: str, labels: int | None, seed: int, *, steps: in
     if finished:
         (out / "summary.json").write_text(json.dumps({"final_true_return": returns[-1]}))
     return out
+
+
+def expected(task, labels, seed, steps, root) -> dict:
+    """The whole config experiments.mujoco writes for that run (what the grid compares against)."""
+    return rm.expected_config(rm.Run(task, labels, seed, steps), root)
 
 
 class FakeProc:
@@ -79,9 +83,7 @@ class FakeLauncher:
         values = self.returns.get(labels, [10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
         if out.name in self.fail:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "config.json").write_text(json.dumps(dict(env=task, seed=seed, total_steps=steps,
-                                                             labels=labels or 700,
-                                                             reward_source="true" if labels is None else "model")))
+            (out / "config.json").write_text(json.dumps(expected(task, labels, seed, steps, out.parent)))
             return FakeProc(1, self.delay)
         if out.exists():
             import shutil
@@ -166,7 +168,8 @@ def test_incomplete_directory_is_moved_aside_not_deleted(grid):
 
 @pytest.mark.parametrize("changes, key", [({"total_steps": 2 * STEPS}, "total_steps"), ({"labels": 350}, "labels"),
                                           ({"seed": 7}, "seed"), ({"env": "Walker2d"}, "env"),
-                                          ({"reward_source": "true"}, "reward_source")])
+                                          ({"reward_source": "true"}, "reward_source"),
+                                          ({"pretrain_steps": 0}, "pretrain_steps")])  # a preset that changed
 def test_config_mismatch_stops_before_any_run_naming_the_directory(grid, capsys, changes, key):
     root, argv, fake = grid
     wrong = write_run(root, "Hopper", 700, 0, finished=changes.get("labels") is None, config_changes=changes)
