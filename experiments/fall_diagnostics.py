@@ -21,10 +21,12 @@ PANELS = (
     ("agent out of the healthy range (fraction of steps)", (("fall_out_of_range", "-"),)),
     ("clips holding a fall (fraction)", (("fall_candidate_falls", "-"), ("fall_chosen_falls", "--"))),
     ("mean r̂ (as the agent gets it)", (("fall_rhat_healthy", "-"), ("fall_rhat_fallen", "--"))),
+    ("mean true reward", (("fall_true_healthy", "-"), ("fall_true_fallen", "--"))),
     ("corr(r̂, true return) over clips", (("fall_corr_healthy_clips", "-"), ("fall_corr_fall_clips", "--"))),
 )
 LEGEND = {"fall_candidate_falls": "candidates", "fall_chosen_falls": "chosen by selection",
           "fall_rhat_healthy": "healthy steps", "fall_rhat_fallen": "fallen steps",
+          "fall_true_healthy": "healthy steps", "fall_true_fallen": "fallen steps",
           "fall_corr_healthy_clips": "clips without a fall", "fall_corr_fall_clips": "clips with a fall"}
 
 
@@ -40,13 +42,16 @@ def plot(run_dirs: list[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7), sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, run in enumerate(run_dirs):
         rows = read_jsonl(run / "metrics.jsonl")
         if not any("fall_out_of_range" in r for r in rows):
             raise SystemExit(f"error: {run} has no fall diagnostics (a learning run on a task with a penalty)")
-        for ax, (title, keys) in zip(axes.flat, PANELS):
+        for ax, (title, keys) in zip(axes.flat, PANELS + (("", ()),)):
+            if not keys:
+                ax.axis("off")
+                continue
             for key, style in keys:
                 x, y = series(rows, key)
                 label = run.name + (f": {LEGEND[key]}" if key in LEGEND else "")
@@ -57,7 +62,7 @@ def plot(run_dirs: list[Path], out: Path) -> None:
                 ax.set_ylim(-0.02, 1.02)
     for ax in axes[1]:
         ax.set_xlabel("environment steps")
-    for ax in axes.flat:
+    for ax in list(axes.flat)[:len(PANELS)]:
         ax.legend(fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -302,6 +302,7 @@ class RunParts:
         chosen_falls     the same among the clips of the FALL_PROBE_PAIRS pairs selection picks
                          from 10x as many candidates (what the queries of this rollout would show)
         rhat_fallen / rhat_healthy   mean r̂ (as the agent gets it) on out-of-range / healthy steps
+        true_fallen / true_healthy   the same for the true reward (a forward fall can pay more than standing)
         corr_fall_clips / corr_healthy_clips   corr(r̂, true return) over clips with / without such a step
         """
         nan = jnp.float32(jnp.nan)
@@ -321,6 +322,8 @@ class RunParts:
         return dict(out_of_range=jnp.sum(fallen) / jnp.maximum(jnp.sum(valid), 1),
                     candidate_falls=jnp.mean(in_clip), chosen_falls=jnp.mean(chosen),
                     rhat_fallen=mean_over(rewards, fallen), rhat_healthy=mean_over(rewards, healthy),
+                    true_fallen=mean_over(rollout.true_reward, fallen),
+                    true_healthy=mean_over(rollout.true_reward, healthy),
                     corr_fall_clips=segment_return_correlation(pred, true, has_fall),
                     corr_healthy_clips=segment_return_correlation(pred, true, ~has_fall))
 

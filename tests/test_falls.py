@@ -56,6 +56,9 @@ def test_fall_diagnostics_report_what_the_rollout_holds(hopper):
     valid = np.asarray(rollout.valid)
     assert float(d["out_of_range"]) == pytest.approx(np.asarray(fallen)[valid].mean(), rel=1e-5)
     assert float(d["rhat_fallen"]) == -1.0 and float(d["rhat_healthy"]) == 1.0
+    true = np.asarray(rollout.true_reward)
+    assert float(d["true_fallen"]) == pytest.approx(true[np.asarray(fallen)].mean(), rel=1e-4)
+    assert float(d["true_healthy"]) == pytest.approx(true[valid & ~np.asarray(fallen)].mean(), rel=1e-4)
     # candidates are uniform over the valid clip starts: their fall rate is the rollout's, up to sampling
     starts = np.asarray(queries.valid_segment_starts(rollout.boundary, parts.seg_len, ~rollout.valid))
     windows = np.asarray(queries.segment_sums(fallen.astype(jnp.float32), *np.nonzero(starts), parts.seg_len)) > 0
@@ -101,7 +104,7 @@ def test_fall_diagnostics_plot(tmp_path):
     run, plain = tmp_path / "run", tmp_path / "plain"
     for d in (run, plain):
         d.mkdir()
-    keys = ("out_of_range", "candidate_falls", "chosen_falls", "rhat_fallen", "rhat_healthy",
+    keys = ("out_of_range", "candidate_falls", "chosen_falls", "rhat_fallen", "rhat_healthy", "true_fallen", "true_healthy",
             "corr_fall_clips", "corr_healthy_clips")
     rows = [dict(env_steps=1000 * i, **{f"fall_{k}": (None if k == "corr_healthy_clips" else 0.1 * i) for k in keys})
             for i in range(1, 6)]
