@@ -102,7 +102,9 @@ A1_DIFFERENCES: list[str] = [
     "scaled so the last label is due at the last step",
     "Reacher's clips are its whole 50-step episode (1 s), shorter than A.1's 1.5 s",
     "the reward MLP sees each observation feature standardized over the labeled clips (A.1 feeds raw features)",
-    "the predictor is fitted between RL iterations (one label per 10 RL steps), not asynchronously",
+    "the predictor is fitted between RL iterations (one label per 10 RL steps), not asynchronously; it fits "
+    "one iteration's share before the first update, so every batch is scored as an asynchronous predictor "
+    "would score it at the batch's end",
     "TRPO's batch (8 envs x 1024 steps), trust region (KL 0.01) and value function are ours: A.1 gives only "
     "gamma, lambda and the entropy bonus",
 ]
