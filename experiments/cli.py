@@ -71,7 +71,8 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--pretrain-epochs", type=float, default=None,
                    help="reward-model epochs over the initial labels before RL (A.2: 200)")
     p.add_argument("--pretrain-steps", type=int, default=None,
-                   help="reward-model steps on the initial labels before RL (0: none, as in A.1)")
+                   help="reward-model steps on the initial labels before RL (0: none; the MuJoCo preset fits one "
+                        "iteration's share, what A.1's asynchronous predictor has done when the first batch is scored)")
     p.add_argument("--iteration-steps", type=int, default=None,
                    help="environment steps per driver iteration (agent updates between label rounds)")
     p.add_argument("--mistake-rate", type=float, default=0.0, help="oracle flips a label with this probability")
