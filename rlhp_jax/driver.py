@@ -73,7 +73,7 @@ class RunConfig:
     segment_length: int | None = None  # None: the task's default (EnvSpec.segment_length)
     initial_label_fraction: float | None = 0.25  # A.1: 25 % of labels from the untrained policy
     initial_label_count: int | None = None  # A.2: 500 (overrides the fraction)
-    rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: total_steps / 4
+    rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: a quarter of the label horizon
     label_horizon: int | None = None  # step by which the whole label budget is due; None: the run's last step
     label_capacity: int | None = None  # keep only the last N labels (A.2: 3,000); None: all
     # reward-model steps on the initial labels before RL; None: one iteration's share (fit_steps), what

@@ -90,7 +90,7 @@ def label_schedule(total: int, total_steps: int, *, initial_fraction: float | No
     """Build the appendix-A schedule.
 
     Give either ``initial_fraction`` (MuJoCo: 0.25 of the budget) or ``initial_count`` (Atari: 500;
-    capped at the budget).  ``rate_constant`` defaults to ``total_steps / 4``, which keeps the
+    capped at the budget).  ``rate_constant`` defaults to a quarter of the horizon, which keeps the
     paper's shape (rate halves when T grows by c) on runs far shorter than the paper's; tasks
     from the papers pass the paper's constant.  ``budget_steps``: the step by which the whole
     budget is due (default: the run's last step).
@@ -103,6 +103,7 @@ def label_schedule(total: int, total_steps: int, *, initial_fraction: float | No
             raise ValueError(f"initial_fraction must be in [0, 1], got {frac}")
         initial_count = int(round(frac * total))
     initial_count = min(int(initial_count), int(total))
-    c = float(rate_constant) if rate_constant is not None else max(total_steps / 4.0, 1.0)
+    horizon = total_steps if budget_steps is None else budget_steps
+    c = float(rate_constant) if rate_constant is not None else max(horizon / 4.0, 1.0)
     return LabelSchedule(int(total), initial_count, int(total_steps), c,
                          None if budget_steps is None else int(budget_steps))

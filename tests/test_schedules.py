@@ -176,3 +176,9 @@ def test_a_run_that_ends_before_the_horizon_asks_what_is_due_then_and_says_so():
     assert s.rate(run) / s.rate(0) == pytest.approx(whole.rate(run) / whole.rate(0))
     with pytest.raises(ValueError, match="horizon"):
         label_schedule(700, run, rate_constant=c, budget_steps=0)
+
+
+def test_default_rate_constant_follows_the_horizon():
+    """Without a paper constant, c is a quarter of the steps over which the budget is spread."""
+    assert label_schedule(20, 4096).rate_constant == 1024
+    assert label_schedule(20, 4096, budget_steps=40_000).rate_constant == 10_000
