@@ -153,6 +153,16 @@ def standardize(obs, mean, std):
     return jnp.clip((obs.astype(jnp.float32) - mean) / std, -INPUT_CLIP, INPUT_CLIP)
 
 
+def _filled_moments(x, filled, axes):
+    """Mean and variance of ``x`` over ``axes``, counting only the clips of filled label slots
+    (``filled`` broadcast against ``x``); (0, 0) when nothing is filled."""
+    w = jnp.broadcast_to(filled, x.shape).astype(jnp.float32)
+    total = jnp.maximum(jnp.sum(w, axis=axes, keepdims=True), 1.0)
+    mean = jnp.sum(w * x, axis=axes, keepdims=True) / total
+    var = jnp.sum(w * jnp.square(x - mean), axis=axes, keepdims=True) / total
+    return jnp.squeeze(mean, axes), jnp.squeeze(var, axes)
+
+
 def _to_unit_range(obs):
     return obs.astype(jnp.float32) / 255.0 if jnp.issubdtype(obs.dtype, jnp.integer) else obs
 
@@ -413,10 +423,7 @@ class RewardEnsemble:
         if not self.standardizes:
             return state
         obs = buffer.obs.astype(jnp.float32)  # [C, 2, T, D]
-        w = jnp.broadcast_to(buffer.filled[:, None, None, None], obs.shape[:3] + (1,)).astype(jnp.float32)
-        total = jnp.maximum(jnp.sum(w) * 1.0, 1.0)
-        mean = jnp.sum(w * obs, axis=(0, 1, 2)) / total
-        var = jnp.sum(w * jnp.square(obs - mean), axis=(0, 1, 2)) / total
+        mean, var = _filled_moments(obs, buffer.filled[:, None, None, None], (0, 1, 2))
         std = jnp.maximum(jnp.sqrt(var), INPUT_STD_FLOOR)
         empty = jnp.sum(buffer.filled) == 0
         return state.replace(input_mean=jnp.where(empty, state.input_mean, mean),
@@ -425,10 +432,7 @@ class RewardEnsemble:
     def update_normalization(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> EnsembleState:
         """Per-member mean and std of raw rewards over every step of every clip in the buffer."""
         r = self.buffer_member_rewards(state, buffer)  # [M, C, 2, T]
-        w = jnp.broadcast_to(buffer.filled[None, :, None, None], r.shape).astype(jnp.float32)
-        total = jnp.maximum(jnp.sum(w, axis=(1, 2, 3)), 1.0)
-        mean = jnp.sum(w * r, axis=(1, 2, 3)) / total
-        var = jnp.sum(w * jnp.square(r - mean[:, None, None, None]), axis=(1, 2, 3)) / total
+        mean, var = _filled_moments(r, buffer.filled[None, :, None, None], (1, 2, 3))
         std = jnp.sqrt(var) + 1e-6
         empty = jnp.sum(buffer.filled) == 0
         return state.replace(norm_mean=jnp.where(empty, 0.0, mean), norm_std=jnp.where(empty, 1.0, std))
