@@ -18,12 +18,14 @@ Atari
 MuJoCo (Christiano A.1)
   Control costs are removed (``ctrl_cost_weight=0``); nothing else of the task's reward is
   changed.  (Ant's contact cost stays as envpool's Ant-v4 has it: like gym v4's, it leaves
-  contact forces out unless ``use_contact_force``, so the term is 0.)  Where the task can
-  run on outside its healthy range (Hopper, Walker2d, Ant) it does (``terminate_when_unhealthy
-  =False``), every episode lasts the full 1000 steps and ``terminal_penalty`` is added to the
-  true reward on every step spent outside the range; InvertedPendulum and
-  InvertedDoublePendulum cannot run on in envpool, so there a fall resets silently with the
-  penalty once (like the Atari games).  ``boundary`` marks only the fixed time limit.
+  contact forces out unless ``use_contact_force``, so the term is 0.)  No task ends when it
+  leaves its healthy range: Hopper, Walker2d and Ant run on (``terminate_when_unhealthy=False``),
+  the two pendulums get a healthy range envpool never reaches (the pole lies at its hinge
+  limit, the double pendulum can be swung back up, as appendix B's instructions to people
+  describe), and every episode lasts the full time limit.  On every step outside the range
+  the true reward scores minus the alive bonus: ``terminal_penalty`` is added (Hopper,
+  Walker2d and Ant withhold the bonus themselves, so -1; InvertedPendulum -2 and
+  InvertedDoublePendulum -20, whose envpool reward keeps its bonus of 1 and 10).  ``boundary`` marks only the fixed time limit.
 
 Both
   envpool resets lazily: the step after an episode end is a *deferred reset* that ignores the
@@ -64,8 +66,7 @@ class MujocoTask:
     env_id: str
     model_timestep: float  # <option timestep> of the task's XML in envpool's assets (gym v4 models)
     frame_skip: int  # simulator steps per environment step (envpool's default for the task)
-    on_terminate: str  # "continue": runs on outside the healthy range; "reset": envpool must reset
-    terminal_penalty: float
+    terminal_penalty: float  # added to the true reward on each step outside the healthy range
     render_info: tuple[str, ...]  # info fields a clip renderer needs besides the observation
     options: tuple[tuple[str, Any], ...] = ()
     episode_steps: int = 1000  # the task's time limit
@@ -87,15 +88,20 @@ class MujocoTask:
 # 1.5 s is what a person watches, so the seconds win.)
 _NO_CTRL = ("ctrl_cost_weight", 0.0)
 _RUNS_ON = ("terminate_when_unhealthy", False)
+# envpool's pendulums always end outside their range (|pole angle| > 0.2; tip height <= 1): a
+# range they cannot leave (the pole's hinge stops at 90 degrees; the tip is never below -1.2)
+# lets them run on, and ``healthy`` applies the real range.
+_POLE_RUNS_ON = ("healthy_z_min", -10.0), ("healthy_z_max", 10.0)
+_TIP_RUNS_ON = ("healthy_z_max", -10.0)
 MUJOCO_TASKS: dict[str, MujocoTask] = {
-    "Hopper": MujocoTask("Hopper-v4", 0.002, 4, "continue", -1.0, ("x_position",), (_RUNS_ON, _NO_CTRL)),
-    "Walker2d": MujocoTask("Walker2d-v4", 0.002, 4, "continue", -1.0, ("x_position",), (_RUNS_ON, _NO_CTRL)),
-    "Ant": MujocoTask("Ant-v4", 0.01, 5, "continue", -1.0, ("x_position", "y_position"), (_RUNS_ON, _NO_CTRL)),
-    "HalfCheetah": MujocoTask("HalfCheetah-v4", 0.01, 5, "continue", 0.0, ("x_position",), (_NO_CTRL,)),
-    "Swimmer": MujocoTask("Swimmer-v4", 0.01, 4, "continue", 0.0, ("x_position", "y_position"), (_NO_CTRL,)),
-    "Reacher": MujocoTask("Reacher-v4", 0.01, 2, "continue", 0.0, (), (_NO_CTRL,), episode_steps=50),
-    "InvertedPendulum": MujocoTask("InvertedPendulum-v4", 0.02, 2, "reset", -10.0, ()),
-    "InvertedDoublePendulum": MujocoTask("InvertedDoublePendulum-v4", 0.01, 5, "reset", -10.0, ()),
+    "Hopper": MujocoTask("Hopper-v4", 0.002, 4, -1.0, ("x_position",), (_RUNS_ON, _NO_CTRL)),
+    "Walker2d": MujocoTask("Walker2d-v4", 0.002, 4, -1.0, ("x_position",), (_RUNS_ON, _NO_CTRL)),
+    "Ant": MujocoTask("Ant-v4", 0.01, 5, -1.0, ("x_position", "y_position"), (_RUNS_ON, _NO_CTRL)),
+    "HalfCheetah": MujocoTask("HalfCheetah-v4", 0.01, 5, 0.0, ("x_position",), (_NO_CTRL,)),
+    "Swimmer": MujocoTask("Swimmer-v4", 0.01, 4, 0.0, ("x_position", "y_position"), (_NO_CTRL,)),
+    "Reacher": MujocoTask("Reacher-v4", 0.01, 2, 0.0, (), (_NO_CTRL,), episode_steps=50),
+    "InvertedPendulum": MujocoTask("InvertedPendulum-v4", 0.02, 2, -2.0, (), _POLE_RUNS_ON),
+    "InvertedDoublePendulum": MujocoTask("InvertedDoublePendulum-v4", 0.01, 5, -20.0, (), (_TIP_RUNS_ON,)),
 }
 # Christiano's names for the two pendulum tasks
 MUJOCO_ALIASES = {"pendulum": "InvertedPendulum", "double pendulum": "InvertedDoublePendulum",
@@ -230,7 +236,7 @@ class EnvpoolVecEnv:
                                 action_low=tuple(float(x) for x in space.low),
                                 action_high=tuple(float(x) for x in space.high),
                                 horizon=int(cfg.max_episode_steps), terminal_penalty=penalty, segment_length=seg,
-                                reward_std=1.0, on_terminate=task.on_terminate)
+                                reward_std=1.0, on_terminate="continue")
             self.render_fields = task.render_info
             self.score_mask = None
             self.backend = "xla" if backend == "auto" else backend
@@ -264,15 +270,11 @@ class EnvpoolVecEnv:
             terminated = term  # game over (life loss never ends an episode here)
             true_reward = oracle + jnp.where(terminated, self.spec.terminal_penalty, 0.0)
             boundary = jnp.zeros_like(term)  # one continuous episode
-        elif self._task.on_terminate == "continue":
+        else:
             out = ~healthy(self.task, obs) & valid
             terminated = out & ~was_out  # the step on which the original task would have ended
             true_reward = rew + jnp.where(out, self.spec.terminal_penalty, 0.0)
             was_out = out
-            boundary = trunc & ~term
-        else:
-            terminated = term
-            true_reward = rew + jnp.where(term, self.spec.terminal_penalty, 0.0)
             boundary = trunc & ~term
         render = (jnp.stack([jnp.asarray(info[f], jnp.float32) for f in self.render_fields], -1)
                   if self.render_fields else jnp.zeros((self.num_envs, 0), jnp.float32))

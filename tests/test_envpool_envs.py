@@ -114,14 +114,20 @@ def test_mujoco_true_reward_is_forward_progress_without_control_cost(backend):
 
 # A.1: no control costs; A: leaving the healthy range is a penalty, not an episode end
 A1_MODIFICATIONS = {"ctrl_cost_weight": 0.0, "terminate_when_unhealthy": False}
+# the pendulums have no such switch: their envpool range is widened so that they never end
+PENDULUM_RANGE_KEYS = {"healthy_z_min", "healthy_z_max"}
 
 
 def test_mujoco_tasks_change_only_what_a1_changes():
     """A.1 removes the control costs and A replaces early termination by a penalty: nothing else of
     envpool's tasks (their contact costs included) is changed."""
     for name, task in MUJOCO_TASKS.items():
-        assert set(dict(task.options)) <= set(A1_MODIFICATIONS), name
-        assert all(A1_MODIFICATIONS[k] == v for k, v in task.options), name
+        opts = dict(task.options)
+        if name.startswith("Inverted"):
+            assert set(opts) <= PENDULUM_RANGE_KEYS, name
+        else:
+            assert set(opts) <= set(A1_MODIFICATIONS), name
+            assert all(A1_MODIFICATIONS[k] == v for k, v in task.options), name
 
 
 def test_clips_last_one_and_a_half_seconds_of_each_tasks_own_time():
@@ -160,8 +166,8 @@ def test_ant_reward_keeps_the_tasks_contact_cost():
 
 
 def test_healthy_range_matches_envpool_termination():
-    """Our healthy() says 'out' exactly when envpool's own terminating Hopper/Walker2d end."""
-    for task, dim in (("Hopper", 3), ("Walker2d", 6)):
+    """Our healthy() says 'out' exactly when envpool's own terminating tasks end."""
+    for task, dim in (("Hopper", 3), ("Walker2d", 6), ("InvertedPendulum", 1), ("InvertedDoublePendulum", 1)):
         e = envpool.make(f"{task}-v4", env_type="gymnasium", num_envs=4, seed=3)
         e.reset()
         rng = np.random.default_rng(0)
@@ -174,21 +180,34 @@ def test_healthy_range_matches_envpool_termination():
         assert ends > 0, task
 
 
-def test_pendulum_falls_reset_silently_with_one_penalty():
-    env, ro = rollout("pendulum", 2, 200)
-    assert env.task == "InvertedPendulum" and env.spec.on_terminate == "reset"
-    t, n = np.nonzero(ro.terminated)
-    assert len(t) >= 4  # a random cart drops the pole within a few dozen steps
-    np.testing.assert_allclose(ro.true_reward[t, n] - ro.raw_reward[t, n], env.spec.terminal_penalty)
-    assert not ro.boundary.any()  # the agent is not told
-    # the step after each fall is envpool's deferred reset, and nothing else is invalid
-    expected = np.zeros_like(ro.valid)
-    expected[t[t + 1 < 200] + 1, n[t + 1 < 200]] = True
-    np.testing.assert_array_equal(~ro.valid, expected)
+@pytest.mark.parametrize("task", ["InvertedPendulum", "InvertedDoublePendulum"])
+def test_pendulums_run_on_after_a_fall_with_a_penalty_per_step_out(task):
+    """Appendix B's instructions show fallen pendulums on screen ("a lot of ties where the pendulum
+    has fallen"; "if they fall down, the cart should try to swing them back up"): a fall does not
+    reset the task.  The reward is envpool's own until the fall, and each step out of range
+    scores minus the alive bonus."""
+    env, ours, raw = lockstep(task, 2, 300, twin_options={})
+    assert env.spec.on_terminate == "continue" and env.spec.horizon == 1000
+    assert ours.valid.all() and not ours.boundary.any()  # no reset in 300 steps
+    out = ~np.asarray(healthy(task, ours.obs.reshape(-1, ours.obs.shape[-1]))).reshape(300, 2)
+    first = out.argmax(0)
+    assert out.any(0).all() and (first < 100).all()  # a random cart drops the pole early
+    np.testing.assert_array_equal(ours.terminated, out & ~np.concatenate([np.zeros((1, 2), bool), out[:-1]]))
+    for n in range(2):  # the twin (envpool's terminating task) agrees up to and including the fall
+        f = first[n]
+        assert raw["term"][f, n] and not raw["term"][:f, n].any()
+        np.testing.assert_allclose(ours.raw_reward[: f + 1, n], raw["reward"][: f + 1, n], rtol=1e-6)
+    alive_bonus = {"InvertedPendulum": 1.0, "InvertedDoublePendulum": 10.0}[task]
+    assert env.spec.terminal_penalty == -2 * alive_bonus
+    np.testing.assert_allclose(ours.true_reward - ours.raw_reward, np.where(out, -2 * alive_bonus, 0.0))
+    if task == "InvertedPendulum":  # the pole comes to rest at its hinge stop and stays out
+        assert out[first.max():].all()
+        assert np.abs(ours.obs[-1, :, 1]).min() > 1.4
+        np.testing.assert_allclose(ours.true_reward[out], -1.0)
 
 
 def test_segments_never_contain_the_deferred_reset_step():
-    _, ro = rollout("pendulum", 2, 200)
+    _, ro = rollout("Reacher", 2, 200)  # 50-step episodes: envpool's deferred reset after each
     length = 5
     starts = np.asarray(queries.valid_segment_starts(ro.boundary, length, excluded=~ro.valid))
     windows = np.lib.stride_tricks.sliding_window_view(~ro.valid, length, axis=0)  # [S, N, L]
