@@ -9,9 +9,10 @@ on the eight MuJoCo tasks, over seeds.
     python -m experiments.reproduce_mujoco --plot-only              # redraw and rewrite the table
 
 The grid is every task x seed x {each --labels budget, the true-reward baseline}; each cell is one
-``python -m experiments.mujoco`` run (A.1 settings) in ``ROOT/TASK-TAG-seedS`` (TAG: ``700labels``
-or ``baseline``), started as its own subprocess with ``--no-progress``, its output in
-``ROOT/TASK-TAG-seedS.log``.  ``--jobs N`` runs N of them at once.  Runs go seed by seed (every
+``python -m experiments.mujoco`` run (A.1 settings) in ``ROOT/TASK-TAG-STEPS-seedS`` (TAG:
+``700labels`` or ``baseline``; STEPS: the budget, ``1M``, ``3M``), started as its own subprocess
+with ``--no-progress``, its output in ``ROOT/TASK-TAG-STEPS-seedS.log``.  Runs of another budget
+keep their own directories, so changing a budget never collides with finished runs.  ``--jobs N`` runs N of them at once.  Runs go seed by seed (every
 task and arm of seed 0, then seed 1, ...), so an interrupted grid already covers every task.
 
 Seeds: ``--seeds N`` (default 5, as in the paper) means seeds 0..N-1; ``--seed-list S [S ...]``
@@ -124,9 +125,10 @@ def arm_tag(labels: int | None) -> str:
     return "baseline" if labels is None else f"{labels}labels"
 
 
-def run_dir(root: Path, task: str, labels: int | None, seed: int) -> Path:
-    """``ROOT/TASK-TAG-seedS``: where one run of the grid lives."""
-    return Path(root) / f"{task}-{arm_tag(labels)}-seed{seed}"
+def run_dir(root: Path, task: str, labels: int | None, seed: int, steps: int) -> Path:
+    """``ROOT/TASK-TAG-STEPS-seedS`` (STEPS as ``1M``, ``200k``): where one run of the grid lives.
+    The budget is in the name so that runs of another budget stay where they are."""
+    return Path(root) / f"{task}-{arm_tag(labels)}-{_steps_label(steps)}-seed{seed}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +146,7 @@ class Run:
         return arm_tag(self.labels)
 
     def directory(self, root: Path) -> Path:
-        return run_dir(root, self.task, self.labels, self.seed)
+        return run_dir(root, self.task, self.labels, self.seed, self.steps)
 
     def log_path(self, root: Path) -> Path:
         """Beside the run directory, so moving an incomplete directory aside keeps the log."""
@@ -330,11 +332,11 @@ def meets_target(learned_mean: float, rl_mean: float) -> bool:
     return learned_mean >= rl_mean - (1 - TARGET_FRACTION) * abs(rl_mean)
 
 
-def finished_finals(root: Path, task: str, labels: int | None, seeds) -> list[float]:
+def finished_finals(root: Path, task: str, labels: int | None, seeds, steps: int) -> list[float]:
     """The final true return (:func:`final_return`) of each finished seed of one arm."""
     finals = []
     for seed in seeds:
-        directory = run_dir(root, task, labels, seed)
+        directory = run_dir(root, task, labels, seed, steps)
         if (directory / "summary.json").exists():
             value = final_return(_metrics(directory))
             if value is not None:
@@ -351,7 +353,7 @@ def _cell(finals: list[float]) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f} ({n} seed{'s' if n != 1 else ''})"
 
 
-def results_table(root: Path, tasks, label_budgets, seeds) -> str:
+def results_table(root: Path, tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> str:
     """The Markdown table: per task, each arm's final true return over finished seeds, the 700-label
     target check and, when both were run, whether 1400 labels beat 700."""
     compare_more = TARGET_LABELS in label_budgets and MORE_LABELS in label_budgets
@@ -359,7 +361,7 @@ def results_table(root: Path, tasks, label_budgets, seeds) -> str:
     head += [f"{MORE_LABELS} ≥ {TARGET_LABELS}"] if compare_more else []
     lines = ["| task | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
     for task in tasks:
-        finals = {n: finished_finals(root, task, n, seeds) for n in [*label_budgets, None]}
+        finals = {n: finished_finals(root, task, n, seeds, steps_for(task)) for n in [*label_budgets, None]}
         cells = [_cell(finals[n]) for n in [*label_budgets, None]]
         target, rl = finals.get(TARGET_LABELS, []), finals[None]
         cells.append("PASS" if target and rl and meets_target(np.mean(target), np.mean(rl))
@@ -433,13 +435,13 @@ def write_results_section(results_md_path, markdown: str) -> None:
 
 
 # ------------------------------------------------------------------ figures
-def seed_curves(root: Path, task: str, labels: int | None, seeds) -> tuple[np.ndarray, np.ndarray] | None:
+def seed_curves(root: Path, task: str, labels: int | None, seeds, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(environment steps, true return [seed, point]) of one arm, each seed smoothed over
     :data:`SMOOTH` consecutive rows and cut to the rows every seed has (runs may still be going);
     None when no seed has a row."""
     runs = []
     for seed in seeds:
-        rows = [r for r in _metrics(run_dir(root, task, labels, seed)) if r.get("true_return") is not None]
+        rows = [r for r in _metrics(run_dir(root, task, labels, seed, steps)) if r.get("true_return") is not None]
         if rows:
             runs.append((np.array([r["env_steps"] for r in rows], float), np.array([r["true_return"] for r in rows], float)))
     if not runs:
@@ -475,14 +477,14 @@ def _seeds_note(counts: list[int]) -> str:
     return f"({low} seed{'s' if high != 1 else ''})" if low == high else f"({low}–{high} seeds)"
 
 
-def draw_task(ax, root: Path, task: str, label_budgets, seeds) -> dict:
+def draw_task(ax, root: Path, task: str, label_budgets, seeds, steps: int) -> dict:
     """One panel of Fig. 2: each arm's mean over seeds as a line, ± std shaded.  Returns
     {legend stem: (line, seeds drawn)} for the arms that have any rows."""
     from matplotlib.ticker import MaxNLocator
 
     drawn = {}
     for labels, stem, colour in arm_styles(label_budgets):
-        curves = seed_curves(root, task, labels, seeds)
+        curves = seed_curves(root, task, labels, seeds, steps)
         if curves is None:
             continue
         x, ys = curves
@@ -500,7 +502,7 @@ def draw_task(ax, root: Path, task: str, label_budgets, seeds) -> dict:
 Y_LABEL = "true return per episode\n(mean of 5 consecutive iterations)"
 
 
-def plot(root: Path, docs: Path, tasks, label_budgets, seeds) -> list[Path]:
+def plot(root: Path, docs: Path, tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> list[Path]:
     """One PNG per task and the combined ``mujoco_fig2.png``; returns their paths."""
     import matplotlib
 
@@ -511,7 +513,7 @@ def plot(root: Path, docs: Path, tasks, label_budgets, seeds) -> list[Path]:
     written = []
     for task in tasks:
         fig, ax = plt.subplots(figsize=(6, 4))
-        drawn = draw_task(ax, root, task, label_budgets, seeds)
+        drawn = draw_task(ax, root, task, label_budgets, seeds, steps_for(task))
         ax.set_xlabel("environment steps")
         ax.set_ylabel(Y_LABEL)
         if drawn:
@@ -527,7 +529,7 @@ def plot(root: Path, docs: Path, tasks, label_budgets, seeds) -> list[Path]:
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows + 0.8), squeeze=False)
     legend: dict[str, tuple] = {}  # stem -> (a line to show, seeds drawn on each task)
     for ax, task in zip(axes.flat, tasks):
-        for stem, (line, k) in draw_task(ax, root, task, label_budgets, seeds).items():
+        for stem, (line, k) in draw_task(ax, root, task, label_budgets, seeds, steps_for(task)).items():
             legend.setdefault(stem, (line, []))[1].append(k)
     for ax in axes.flat[len(tasks):]:
         ax.set_visible(False)
@@ -620,8 +622,8 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:
             print("interrupted: the same command resumes the grid", file=sys.stderr)
             return 130
-    table = results_table(root, args.tasks, args.labels, seeds)
-    figures = plot(root, docs, args.tasks, args.labels, seeds)
+    table = results_table(root, args.tasks, args.labels, seeds, steps_for)
+    figures = plot(root, docs, args.tasks, args.labels, seeds, steps_for)
     results_md = Path(args.results_md)
     figure = os.path.relpath(figures[-1], results_md.parent)
     command = reproduce_command(args.tasks, args.labels, seeds, args.steps)

@@ -20,7 +20,7 @@ STEPS = 1000
 def write_run(root: Path, task: str, labels: int | None, seed: int, *, steps: int = STEPS, returns=(1.0,),
               finished: bool = True, config_changes: dict | None = None) -> Path:
     """A run directory as experiments.mujoco leaves it (finished, or stopped before its summary)."""
-    out = rm.run_dir(root, task, labels, seed)
+    out = rm.run_dir(root, task, labels, seed, steps)
     out.mkdir(parents=True)
     config = dict(expected(task, labels, seed, steps, root), out=str(out))
     config.update(config_changes or {})
@@ -137,9 +137,9 @@ def test_finished_run_is_skipped_started_run_resumed_missing_run_started(grid, c
     assert fake.calls[0] == ["--resume", str(started), "--no-progress"]
     fresh = fake.calls[1:]
     assert len(fresh) == 2 and not any(c[0] == "--resume" for c in fresh)
-    assert ["--env", "Hopper", "--seed", "1", "--steps", str(STEPS), "--out", str(rm.run_dir(root, "Hopper", 700, 1)),
+    assert ["--env", "Hopper", "--seed", "1", "--steps", str(STEPS), "--out", str(rm.run_dir(root, "Hopper", 700, 1, STEPS)),
             "--labels", "700", "--no-progress"] in fresh
-    assert any("--baseline" in c and str(rm.run_dir(root, "Hopper", None, 1)) in c for c in fresh)
+    assert any("--baseline" in c and str(rm.run_dir(root, "Hopper", None, 1, STEPS)) in c for c in fresh)
     out = capsys.readouterr().out
     assert "4 runs: 1 finished, 1 to resume, 2 to start" in out
 
@@ -156,7 +156,7 @@ def test_progress_line_after_each_run(grid, capsys):
 
 def test_incomplete_directory_is_moved_aside_not_deleted(grid):
     root, argv, fake = grid
-    broken = rm.run_dir(root, "Hopper", 700, 0)
+    broken = rm.run_dir(root, "Hopper", 700, 0, STEPS)
     (broken / "checkpoints").mkdir(parents=True)
     (broken / "config.json").write_text('{"env": "Hop')  # killed while writing it
     assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 0
@@ -189,7 +189,7 @@ def test_baseline_config_keeps_its_unused_label_count_without_mismatch(grid):
 
 def test_failed_run_is_reported_and_the_others_still_run(grid, capsys):
     root, argv, fake = grid
-    fake.fail = {rm.run_dir(root, "Hopper", None, 0).name}
+    fake.fail = {rm.run_dir(root, "Hopper", None, 0, STEPS).name}
     assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1"]) == 1
     captured = capsys.readouterr()
     log = rm.Run("Hopper", None, 0, STEPS).log_path(root)
@@ -197,12 +197,12 @@ def test_failed_run_is_reported_and_the_others_still_run(grid, capsys):
     assert str(log) in captured.err
     assert len(fake.calls) == 4
     for task, labels in [("Hopper", 700), ("Swimmer", 700), ("Swimmer", None)]:
-        assert (rm.run_dir(root, task, labels, 0) / "summary.json").exists()
+        assert (rm.run_dir(root, task, labels, 0, STEPS) / "summary.json").exists()
     # the next invocation resumes the failed run and skips the others
     fake.fail = set()
     fake.calls.clear()
     assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1"]) == 0
-    assert fake.calls == [["--resume", str(rm.run_dir(root, "Hopper", None, 0)), "--no-progress"]]
+    assert fake.calls == [["--resume", str(rm.run_dir(root, "Hopper", None, 0, STEPS)), "--no-progress"]]
 
 
 def test_jobs_runs_that_many_at_once(grid, monkeypatch):
@@ -226,7 +226,7 @@ def test_dry_run_runs_nothing_and_moves_nothing(grid, capsys):
     root, argv, fake = grid
     write_run(root, "Hopper", 700, 0)
     write_run(root, "Hopper", None, 0, finished=False)
-    broken = rm.run_dir(root, "Swimmer", 700, 0)
+    broken = rm.run_dir(root, "Swimmer", 700, 0, STEPS)
     (broken / "checkpoints").mkdir(parents=True)
     before = sorted(p.name for p in root.iterdir())
     assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1", "--dry-run"]) == 0
@@ -291,13 +291,13 @@ def test_table_counts_finished_seeds_only_and_checks_the_targets(tmp_path):
         write_run(root, "Swimmer", 700, seed, returns=[50.0])
     write_run(root, "Hopper", None, 2, returns=[-1000.0], finished=False)  # still going: not in the table
     write_run(root, "Swimmer", None, 0, returns=[100.0])
-    table = rm.results_table(root, ["Hopper", "Swimmer", "Ant"], [700, 1400], [0, 1, 2])
+    table = rm.results_table(root, ["Hopper", "Swimmer", "Ant"], [700, 1400], [0, 1, 2], lambda _: STEPS)
     lines = table.splitlines()
     assert lines[0] == "| task | 700 labels | 1400 labels | RL on the true reward | 700 labels vs RL | 1400 ≥ 700 |"
     assert lines[2] == "| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS | no |"
     assert lines[3] == "| Swimmer | 50.0 ± 0.0 (2 seeds) | – | 100 ± 0 (1 seed) | FAIL | – |"
     assert lines[4] == "| Ant | – | – | – | – | – |"
-    assert "1400" not in rm.results_table(root, ["Hopper"], [700], [0, 1]).splitlines()[0]
+    assert "1400" not in rm.results_table(root, ["Hopper"], [700], [0, 1], lambda _: STEPS).splitlines()[0]
 
 
 def test_grid_writes_figures_and_the_results_section(grid):
@@ -333,10 +333,10 @@ def test_plot_only_runs_nothing_and_redraws_from_what_exists(grid):
 def test_seed_curves_smooth_over_five_points_and_cut_to_the_common_prefix(tmp_path):
     write_run(tmp_path, "Hopper", 700, 0, returns=[0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0])
     write_run(tmp_path, "Hopper", 700, 1, returns=[5.0] * 6, finished=False)
-    x, ys = rm.seed_curves(tmp_path, "Hopper", 700, [0, 1, 2])
+    x, ys = rm.seed_curves(tmp_path, "Hopper", 700, [0, 1, 2], STEPS)
     assert list(x) == [500.0, 600.0]
     assert ys.tolist() == [[10.0, 15.0], [5.0, 5.0]]
-    assert rm.seed_curves(tmp_path, "Hopper", None, [0, 1]) is None
+    assert rm.seed_curves(tmp_path, "Hopper", None, [0, 1], STEPS) is None
 
 
 def test_launch_starts_experiments_mujoco_with_its_output_in_the_log(tmp_path):
@@ -347,3 +347,15 @@ def test_launch_starts_experiments_mujoco_with_its_output_in_the_log(tmp_path):
     text = log.read_text()
     assert "$ python -m experiments.mujoco --env NoSuchTask --no-progress" in text
     assert "Unknown environment 'NoSuchTask'" in text
+
+
+def test_runs_of_another_step_budget_live_in_their_own_directory(tmp_path):
+    """A finished 1,000-step run neither blocks nor counts for a 2,000-step grid of the same cell."""
+    root = tmp_path / "runs"
+    write_run(root, "Hopper", 700, 0, returns=(5.0,))
+    short, long = rm.Run("Hopper", 700, 0, STEPS), rm.Run("Hopper", 700, 0, 2 * STEPS)
+    assert short.directory(root) != long.directory(root)
+    assert short.directory(root).name == "Hopper-700labels-1k-seed0"
+    assert rm.run_state(short, root) == "finished" and rm.run_state(long, root) == "start"
+    assert rm.finished_finals(root, "Hopper", 700, [0], STEPS) == [5.0]
+    assert rm.finished_finals(root, "Hopper", 700, [0], 2 * STEPS) == []
