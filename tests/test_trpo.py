@@ -147,6 +147,29 @@ def test_rejected_step_keeps_the_old_policy(continuous_probe):
     assert int(state.step) == 1
 
 
+def test_entropy_bonus_is_in_reward_units(continuous_probe):
+    """A.1's bonus of 0.01 is against r̂ of std 1: with rewards (and values) k times larger, a
+    k times larger bonus takes exactly the same step, and the same bonus a different one.  (With
+    the bonus added to normalized advantages, the step would not see the rewards' scale.)"""
+    _, init_state, _, _, rollouts, _ = continuous_probe
+    ro = jax.tree.map(lambda x: x[0], rollouts)
+    k = 10.0
+    scaled = ro._replace(value=k * ro.value, last_value=k * ro.last_value)
+    spec = ProbeEnv(TINY.num_envs, True).spec
+
+    def step(ent_coef, rollout, rewards):
+        agent = TRPO(spec, dataclasses.replace(TINY, ent_coef=ent_coef))
+        f = lambda p, r, w: agent._policy_step(p, agent._prepare(r, w))[0]
+        return jax.tree.leaves(fast_jit(f)(init_state.params, rollout, rewards))
+
+    base = step(0.05, ro, ro.true_reward)
+    same = step(0.05 * k, scaled, k * ro.true_reward)
+    other = step(0.05, scaled, k * ro.true_reward)
+    for a, b in zip(base, same):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(base, other)) > 1e-3
+
+
 # -- (b) conjugate gradient ------------------------------------------------------------------
 @fast_jit
 def _cg_solve(a, b):
