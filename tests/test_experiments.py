@@ -19,7 +19,7 @@ from experiments.cli import build_parser, config_from_args
 from rlhp_jax.checkpoint import Checkpointer
 from rlhp_jax.driver import ABLATIONS, PreferenceRun
 from rlhp_jax.loop import RunParts
-from rlhp_jax.metrics import read_jsonl
+from rlhp_jax.metrics import TensorBoardWriter, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,6 +202,8 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_
     (checkpoints / "0.orbax-checkpoint-tmp").mkdir()
     (checkpoints / "0").mkdir()
     (run / "metrics.jsonl").write_text('{"iteration": 1, "env_steps": 2048, "labels": 3}\n')  # a stray row
+    with TensorBoardWriter(run / "tensorboard") as tb:  # and its event, from the killed attempt
+        tb.scalars(2048, {"iteration": 99})
     config_before = (run / "config.json").read_bytes()
 
     assert classic.main(["--resume", str(run), "--no-progress"]) == 0
@@ -210,6 +212,12 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_
     assert_same_rows(read_jsonl(run / "metrics.jsonl"), read_jsonl(cartpole_run / "metrics.jsonl"))
     assert_same_rows(*([json.loads((d / "summary.json").read_text())] for d in (run, cartpole_run)))
     assert Checkpointer(checkpoints).latest_step() == 6
+    # TensorBoard, as its own reader sees both attempts' event files: each row once (the killed
+    # attempt's events are purged from the step the new attempt starts at)
+    from test_metrics import read_scalars
+
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert read_scalars(run / "tensorboard")["iteration"] == [(r["env_steps"], float(r["iteration"])) for r in rows]
 
 
 @pytest.fixture(scope="module")
