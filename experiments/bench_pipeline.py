@@ -42,7 +42,7 @@ from rlhp_jax.metrics import read_jsonl
 from rlhp_jax.rollout import clip_action, collect_rollout
 
 
-def _best(fn, *args, repeats=2):
+def best_time(fn, *args, repeats=2):
     jax.block_until_ready(fn(*args))  # compile + warm up
     best = float("inf")
     for _ in range(repeats):
@@ -80,7 +80,7 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
         _, ro = jax.lax.scan(one, (env_state, obs), jax.random.split(key, run.updates_per_iter))
         return ro
 
-    t_act = _best(acting, agent_state.params, env_state, obs, key, repeats=repeats)
+    t_act = best_time(acting, agent_state.params, env_state, obs, key, repeats=repeats)
     rollouts = acting(agent_state.params, env_state, obs, key)
 
     @jax.jit
@@ -89,7 +89,7 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
         a = clip_action(spec, ro.action).reshape(-1, *ro.action.shape[3:])
         return ens.predict_reward(ens_state, o, a)
 
-    t_reward = _best(reward, ens_state, rollouts, repeats=repeats)
+    t_reward = best_time(reward, ens_state, rollouts, repeats=repeats)
     rewards = reward(ens_state, rollouts).reshape(rollouts.true_reward.shape)
 
     @jax.jit
@@ -109,8 +109,8 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
                 agent_state = one_update(agent_state, jax.tree.map(pick, ro), rewards[i], k)[0]
             return agent_state
 
-        t_update_scan = _best(updates_scan, agent_state, rollouts, rewards, key, repeats=repeats)
-    t_update = _best(updates, agent_state, rollouts, rewards, key, repeats=repeats)
+        t_update_scan = best_time(updates_scan, agent_state, rollouts, rewards, key, repeats=repeats)
+    t_update = best_time(updates, agent_state, rollouts, rewards, key, repeats=repeats)
 
     # a label buffer full of clips from this rollout, labeled at random
     cap = min(cfg.label_capacity or cfg.labels, cfg.labels)
@@ -130,7 +130,7 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
     t0 = time.perf_counter()
     jax.block_until_ready(fit(ens_state, buffer, key, 1)[0].params)
     t_fit_compile = time.perf_counter() - t0
-    t_fit = _best(lambda s, b, k: fit(s, b, k, run.fit_steps)[0].params, ens_state, buffer, key, repeats=1)
+    t_fit = best_time(lambda s, b, k: fit(s, b, k, run.fit_steps)[0].params, ens_state, buffer, key, repeats=1)
     del buffer, pairs
 
     raw_seconds = raw_xla(env, steps // env.num_envs) if getattr(env, "_xla", None) is not None else None

@@ -81,7 +81,7 @@ import jax
 
 from experiments import bench_envs
 from experiments.bench_ensemble import bench as bench_reward_fit
-from experiments.bench_pipeline import _best
+from experiments.bench_pipeline import best_time
 from rlhp_jax.agents import default_config, make_agent
 from rlhp_jax.ensemble import resolve_member_axis
 from rlhp_jax.envs import gymnax_envs, make_env
@@ -255,7 +255,7 @@ def _agent_rate(agent_name: str, task: str, quick: bool, repeats: int) -> dict:
     env_state, obs = env.reset(k_reset)
     _, _, rollout = collect_rollout(env, agent.policy, state.params, env_state, obs, k_roll, config.num_steps)
     update = jax.jit(agent.update)
-    seconds = _best(update, state, rollout, rollout.true_reward, k_update, repeats=max(1, repeats))
+    seconds = best_time(update, state, rollout, rollout.true_reward, k_update, repeats=max(1, repeats))
     batch = config.num_envs * config.num_steps
     return dict(value=batch / seconds, unit="env steps/s", agent=agent_name, task=task, network=agent.pi.network,
                 num_envs=config.num_envs, num_steps=config.num_steps, seconds=seconds)

@@ -35,7 +35,7 @@ class Domain:
 
 def build_parser(domain: Domain) -> argparse.ArgumentParser:
     from rlhp_jax.agents import AGENTS
-    from rlhp_jax.driver import ABLATIONS
+    from rlhp_jax.config import ABLATIONS
     from rlhp_jax.human.server import add_server_flags
 
     p = argparse.ArgumentParser(prog=domain.prog, description=domain.doc,
@@ -184,7 +184,7 @@ def agent_config(agent: str, env: str, overrides: list[str], base=None):
 
 
 def config_from_args(args: argparse.Namespace, domain: Domain):
-    from rlhp_jax.driver import RunConfig, with_ablation
+    from rlhp_jax.config import RunConfig, with_ablation
     from rlhp_jax.ensemble import EnsembleConfig
     from rlhp_jax.teachers import SyntheticTeacher
 
@@ -269,7 +269,9 @@ def main(domain: Domain, argv=None) -> int:
     args = parser.parse_args(argv)
     from rlhp_jax.checkpoint import CheckpointError
     from rlhp_jax.demos import DemoError
-    from rlhp_jax.driver import PreferenceRun, RunConfig, read_run_config
+    from rlhp_jax.config import RunConfig
+    from rlhp_jax.driver import PreferenceRun
+    from rlhp_jax.runs import read_run_config
 
     try:
         if args.agent != "dqfd" and not args.resume:

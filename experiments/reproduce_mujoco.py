@@ -175,7 +175,7 @@ def expected_config(run: Run, root: Path) -> dict:
     """The ``config.json`` that ``experiments.mujoco`` would write for this run today — every
     setting, the code's defaults included — without its output path."""
     from experiments.cli import build_parser, config_from_args
-    from rlhp_jax.driver import config_to_json
+    from rlhp_jax.config import config_to_json
 
     args = build_parser(mujoco.DOMAIN).parse_args(run.fresh_argv(root))
     return {k: v for k, v in config_to_json(config_from_args(args, mujoco.DOMAIN)).items() if k != "out"}

@@ -128,7 +128,7 @@ def run(argv=None) -> dict:
 
     from rlhp_jax.compiled import CompiledRun
     from rlhp_jax.distributed import gather, lane_mesh
-    from rlhp_jax.driver import config_to_json
+    from rlhp_jax.config import config_to_json
     from rlhp_jax.metrics import MetricsWriter, plot_sweep
 
     if args.seeds < 1:

@@ -113,7 +113,7 @@ CLASSIC_OBS_SHAPES: dict[str, tuple[int, ...]] = {
     **{name: (10, 10, len(channels)) for name, channels in MINATAR_CHANNELS.items()},
 }
 
-_MIN_SIZE = 32
+MIN_CLIP_SIZE = 32
 
 # ------------------------------------------------------------------------------ drawing
 # Pixel coordinates are floats (x = column, y = row, y down); pixel (r, c) covers
@@ -429,9 +429,9 @@ def classic_clip_frames(env_name: str, obs: Any, size: int = 256) -> np.ndarray:
     if env_name not in CLASSIC_OBS_SHAPES:
         raise ValueError(f"no classic clip renderer for {env_name!r}; supported: "
                          f"{', '.join(CLASSIC_OBS_SHAPES)}")
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < _MIN_SIZE \
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < MIN_CLIP_SIZE \
             or size % 2:
-        raise ValueError(f"size must be an even integer >= {_MIN_SIZE}, got {size!r}")
+        raise ValueError(f"size must be an even integer >= {MIN_CLIP_SIZE}, got {size!r}")
     size = int(size)
     expected = CLASSIC_OBS_SHAPES[env_name]
     obs = np.asarray(obs)

@@ -739,7 +739,7 @@ def resolve_cli_env(env: str) -> tuple[str, str] | None:
     gymnax = gymnax_envs()
     if env in gymnax:
         return "gymnax", env
-    canonical = envpool_envs._canonical(env)  # make_env's own resolution of envpool names
+    canonical = envpool_envs.canonical_task(env)  # make_env's own resolution of envpool names
     if canonical is not None:
         return canonical
     task = mujoco_task_name(env)
@@ -842,13 +842,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = name if kind == "mujoco" else None
         game = name if kind == "atari" else None
         if kind == "gymnax":
-            from rlhp_jax.classic_clips import _MIN_SIZE
+            from rlhp_jax.classic_clips import MIN_CLIP_SIZE
 
             if args.native or args.scale is not None:
                 raise _UsageError(f"--native and --scale apply to Atari games only; {name}'s "
                                   f"frames are --size pixels square (default 256)")
-            if args.size < _MIN_SIZE or args.size % 2:
-                raise _UsageError(f"--size for {name} must be an even number >= {_MIN_SIZE}, "
+            if args.size < MIN_CLIP_SIZE or args.size % 2:
+                raise _UsageError(f"--size for {name} must be an even number >= {MIN_CLIP_SIZE}, "
                                   f"got {args.size}")
     except _UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

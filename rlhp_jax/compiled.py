@@ -133,7 +133,7 @@ def _configured(config, hyper: Hyper):
 
 
 class CompiledRun:
-    """A ``driver.RunConfig`` compiled end to end.  Build once; call ``train`` / ``train_lanes``.
+    """A ``config.RunConfig`` compiled end to end.  Build once; call ``train`` / ``train_lanes``.
 
     ``progress(iteration, metrics)`` — if given — is called on the host once per iteration with
     that iteration's metrics (arrays with a leading lane axis in ``train_lanes``).
@@ -424,7 +424,7 @@ class CompiledRun:
 
 
 def train(key, config, hyper: Hyper | None = None, progress=None):
-    """Run ``config`` (a ``driver.RunConfig`` on a gymnax task) as one compiled program.
+    """Run ``config`` (a ``config.RunConfig`` on a gymnax task) as one compiled program.
 
     Returns (final ``TrainState``, metrics: dict of [iterations] arrays — env_steps, labels,
     true_return, eval_return, reward_correlation, …)."""

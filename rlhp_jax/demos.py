@@ -505,7 +505,9 @@ def describe(demos: Demos) -> dict[str, Any]:
 def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
     """``act(obs, key)`` of a trained policy: the newest models of an Ibarz run (DQfD, ε-greedy)
     or the newest checkpoint of a Christiano run (the agent's greedy action)."""
-    from rlhp_jax.driver import PreferenceRun, RunConfig, read_run_config
+    from rlhp_jax.config import RunConfig
+    from rlhp_jax.driver import PreferenceRun
+    from rlhp_jax.runs import read_run_config
 
     run = Path(run_dir)
     cfg = read_run_config(run)
@@ -525,14 +527,10 @@ def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
         act_jit = jax.jit(lambda o, k: agent.act(params, o, k, epsilon))
         return lambda obs, key: act_jit(jnp.asarray(obs), key)
     pr = PreferenceRun(cfg, progress=False, resume=True)
-    ckpt = pr._checkpointer()
-    if ckpt.latest_step() is None:
+    restored = pr.restore_latest()
+    if restored is None:
         raise DemoError(f"{run}: no checkpoint to record a policy from")
-    key = jax.random.PRNGKey(0)
-    template = pr._saveable(pr.agent.init(key), jax.jit(pr.ensemble.init)(key),
-                            pr.ensemble.empty_buffer(min(cfg.label_capacity or cfg.labels, cfg.labels), pr.seg_len),
-                            key, *pr.env.reset(key))
-    state, _ = ckpt.restore(template)
+    state, _ = restored
     params = state["agent"].params
     greedy = jax.jit(pr.agent.act_deterministic)
 
@@ -567,7 +565,8 @@ def main(argv=None) -> int:
         if args.cmd == "info":
             print(json.dumps(describe(read_demos(args.file)), indent=2, ensure_ascii=False))
             return 0
-        from rlhp_jax.driver import RunConfig, read_run_config
+        from rlhp_jax.config import RunConfig
+        from rlhp_jax.runs import read_run_config
         from rlhp_jax.envs import make_env
 
         run = Path(args.run)

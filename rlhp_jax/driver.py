@@ -21,8 +21,6 @@ emulators cannot be saved, so a resumed Atari/MuJoCo run starts fresh episodes.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,180 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhp_jax import agents as agents_lib
 from rlhp_jax import labels as labels_lib
-from rlhp_jax import queries
 from rlhp_jax.agents.common import evaluate
-from rlhp_jax.config_fields import check_ranges, conform, dataclass_from_json, describe
-from rlhp_jax.ensemble import EnsembleConfig
+from rlhp_jax.config import RunConfig
 from rlhp_jax.loop import RunParts, bucket, finished_episodes, query_chunks
-from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_learning_curve,
-                              read_jsonl)
+from rlhp_jax.metrics import finite_or_none, nanmean_or_none, plot_learning_curve, read_jsonl
+from rlhp_jax.runs import continues_from_checkpoint, open_run, write_summary
 from rlhp_jax.preferences import check_labels
-from rlhp_jax.teachers import SyntheticTeacher
-
-# Christiano §3.3's ablations (plus the true-reward baseline, which is reward_source="true").
-ABLATIONS = {
-    "random_queries": "queries chosen uniformly at random instead of by ensemble disagreement",
-    "no_ensemble": "a single predictor, trained on every label (no bootstrap resample), and so random queries: "
-                   "there is no disagreement to measure",
-    "no_online_queries": "every label collected at the start, from the untrained policy",
-    "no_regularization": "no adaptive L2 (dropout stays where the model has it)",
-    "no_segments": "segments of length 1 (robotics tasks only)",
-    "target": "r̂ regressed on the true segment return with squared error instead of preferences",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    env: str = "CartPole-v1"
-    total_steps: int = 100_000  # environment steps of RL
-    labels: int = 200  # query budget
-    seed: int = 0
-    agent: str = "ppo"  # "ppo", "a2c" (A.2) or "trpo" (A.1)
-    agent_config: Any = None  # the agent's config dataclass; None: its preset for the task
-    env_options: tuple = ()  # (name, value) pairs for the environment wrapper, e.g. (("noop_max", 90),)
-    reward_source: str = "model"  # "model" (learn from preferences) or "true" (RL baseline)
-    # the baseline's reward: "normalized" (the true reward shifted and scaled by a random policy's mean
-    # and std) or "raw" (the task's true reward as it is: A.1's modified task, the MuJoCo preset)
-    baseline_reward: str = "normalized"
-    selection: str = "disagreement"  # "disagreement" (§2.2.4) or "random"
-    candidate_factor: int = queries.CANDIDATE_FACTOR  # A: 10x more candidates than queries
-    segment_length: int | None = None  # None: the task's default (EnvSpec.segment_length)
-    initial_label_fraction: float | None = 0.25  # A.1: 25 % of labels from the untrained policy
-    initial_label_count: int | None = None  # A.2: 500 (overrides the fraction)
-    rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: a quarter of the label horizon
-    label_horizon: int | None = None  # step by which the whole label budget is due; None: the run's last step
-    label_capacity: int | None = None  # keep only the last N labels (A.2: 3,000); None: all
-    # reward-model steps on the initial labels before RL; None: one iteration's share (fit_steps), what
-    # a predictor trained asynchronously (A.1/A.2) has done by the time the first batch is scored
-    pretrain_steps: int | None = 500
-    pretrain_epochs: float | None = None  # A.2: 200 epochs over the initial labels (overrides pretrain_steps)
-    fit_steps: int | None = 50  # reward-model steps per iteration; None: from labels_per_rl_step
-    labels_per_rl_step: float = 0.1  # A.2: the predictor "processes 1 label per 10 RL timesteps"
-    iteration_steps: int = 0  # at least this many env steps per driver iteration (agent updates batched)
-    eval_every: int = 5  # iterations between evaluations (and reward-model validation)
-    eval_episodes: int = 10
-    correlation_segments: int = 256  # fresh segments for corr(r̂, true)
-    ensemble: EnsembleConfig = EnsembleConfig()
-    teacher: SyntheticTeacher = SyntheticTeacher()
-    label_source: str = "synthetic"  # "synthetic" (the oracle above) or "human" (rlhp_jax.human: the web app)
-    max_pending_queries: int = 20  # human: pairs waiting for people at once (beyond the initial batch)
-    wait_for_initial_labels: bool = True  # human: answers to the initial batch before RL starts
-    query_max_age_steps: int | None = None  # human: withdraw pairs unanswered for this many env steps
-    ablation: str | None = None  # recorded; applied by ``with_ablation``
-    checkpoint_every: int = 10  # iterations between checkpoints (0: only at the end)
-    checkpoint_on_labels: bool = True  # also checkpoint every iteration that added labels
-    keep_checkpoints: int = 3
-    out: str = "runs/classic"
-
-    def __post_init__(self):
-        if self.reward_source not in ("model", "true"):
-            raise ValueError(f"reward_source must be 'model' or 'true', got {self.reward_source!r}")
-        if self.baseline_reward not in ("normalized", "raw"):
-            raise ValueError(f"baseline_reward must be 'normalized' or 'raw', got {self.baseline_reward!r}")
-        if self.selection not in ("disagreement", "random"):
-            raise ValueError(f"selection must be 'disagreement' or 'random', got {self.selection!r}")
-        if self.reward_source == "model" and self.labels < 1:
-            raise ValueError(f"Learning from preferences needs at least 1 label, got --labels {self.labels}. "
-                             "Use the true-reward baseline to train without labels.")
-        if self.total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
-        if self.candidate_factor < 1:
-            raise ValueError(f"candidate_factor must be >= 1, got {self.candidate_factor}")
-        if self.agent not in agents_lib.AGENTS:
-            raise ValueError(f"Unknown agent {self.agent!r}. Available agents: {', '.join(agents_lib.AGENTS)}.")
-        if self.ablation is not None and self.ablation not in ABLATIONS:
-            raise ValueError(f"Unknown ablation {self.ablation!r}. Available: {', '.join(ABLATIONS)}.")
-        if self.segment_length is not None and self.segment_length < 1:
-            raise ValueError(f"segment_length must be >= 1, got {self.segment_length}")
-        if self.label_source not in ("synthetic", "human"):
-            raise ValueError(f"label_source must be 'synthetic' or 'human', got {self.label_source!r}")
-        if self.max_pending_queries < 1:
-            raise ValueError(f"max_pending_queries must be >= 1, got {self.max_pending_queries}")
-        check_ranges(self, counts=("eval_every", "eval_episodes", "correlation_segments", "label_capacity", "label_horizon",
-                                   "query_max_age_steps", "keep_checkpoints"),
-                     nonnegative=("initial_label_count", "pretrain_steps", "pretrain_epochs", "fit_steps",
-                                  "iteration_steps", "checkpoint_every"),
-                     positive=("rate_constant", "labels_per_rl_step"), fractions=("initial_label_fraction",))
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
-        if not all(isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) for o in self.env_options):
-            raise ValueError(f"env_options must be (name, value) pairs, got {describe(self.env_options)}")
-
-
-def with_ablation(cfg: RunConfig, name: str | None) -> RunConfig:
-    """``cfg`` changed as Christiano §3.3 describes the ablation ``name`` (None: unchanged)."""
-    if name is None:
-        return cfg
-    if name not in ABLATIONS:
-        raise ValueError(f"Unknown ablation {name!r}. Available: {', '.join(ABLATIONS)}.")
-    ens = cfg.ensemble
-    changes: dict[str, Any] = dict(ablation=name)
-    if name == "random_queries":
-        changes.update(selection="random")
-    elif name == "no_ensemble":
-        changes.update(selection="random", ensemble=dataclasses.replace(ens, num_members=1, bootstrap=False))
-    elif name == "no_online_queries":
-        changes.update(initial_label_fraction=1.0, initial_label_count=None)
-    elif name == "no_regularization":
-        changes.update(ensemble=dataclasses.replace(ens, adaptive_l2=False))
-    elif name == "no_segments":
-        changes.update(segment_length=1)
-    elif name == "target":
-        changes.update(ensemble=dataclasses.replace(ens, loss="target"))
-    return dataclasses.replace(cfg, **changes)
-
-
-def config_to_json(cfg) -> dict:
-    """A run config (any dataclass) as JSON-ready values (what ``config.json`` holds)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-
-
-def config_from_json(d: dict) -> RunConfig:
-    """Inverse of ``config_to_json``: every field required and of its declared type (nested
-    dataclasses and tuples rebuilt; ``agent_config`` as the config class of the saved ``agent``,
-    or None).  Raises ``ValueError`` naming the field (see ``rlhp_jax.config_fields``)."""
-    if not isinstance(d, dict):
-        raise ValueError(f"the configuration must be a JSON object, got {describe(d)}")
-    d = dict(d)
-    saved = d.get("agent_config")
-    if isinstance(saved, dict):
-        agent, env = (conform(str, d.get(k), k) for k in ("agent", "env"))
-        d["agent_config"] = dataclass_from_json(type(agents_lib.default_config(agent, env)), saved, "agent_config")
-    elif saved is not None:
-        raise ValueError(f"agent_config must be a JSON object or null, got {describe(saved)}")
-    return dataclass_from_json(RunConfig, d)
-
-
-def read_run_config(run_dir: str | Path):
-    """The configuration a run directory was started with (its ``config.json``): a
-    :class:`RunConfig`, or an ``ibarz.IbarzConfig`` where the file says ``"protocol": "ibarz"``,
-    with ``out`` set to ``run_dir`` (what ``--resume``, demo recording and ``--frozen-reward`` read).
-
-    The file must be what a run wrote: UTF-8 JSON holding every field of the config with a value
-    of the field's type (``rlhp_jax.config_fields``).  Anything else — a damaged, truncated or
-    hand-edited file, one from another version — is a one-line ``ValueError``."""
-    run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{run_dir}: no config.json there (is it a run directory?)")
-    try:
-        saved = json.loads(path.read_bytes().decode("utf-8"))
-        protocol = saved.get("protocol", "christiano") if isinstance(saved, dict) else None
-        if protocol == "ibarz":
-            from rlhp_jax.ibarz import config_from_json as ibarz_from_json
-
-            cfg = ibarz_from_json(saved)
-        elif protocol in ("christiano", None):
-            cfg = config_from_json(saved)
-        else:
-            raise ValueError(f"unknown protocol {describe(protocol)} (this version runs 'ibarz' and Christiano "
-                             "et al.'s, which names none)")
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path} is not a configuration this version can run ({e})") from None
-    return dataclasses.replace(cfg, out=str(run_dir))
-
 
 class EpisodeTracker:
     """Returns of the task's own episodes (raw reward, no penalty), accumulated on the host
@@ -221,29 +52,6 @@ class EpisodeTracker:
 
 
 _finished_episodes = jax.jit(finished_episodes)
-
-
-def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str], None]) -> bool:
-    """Whether a run in ``out`` (checkpoints in ``ckpt``) continues from a checkpoint (True) or
-    starts from its config (False); shared by both protocols' drivers.
-
-    * ``resume`` and a checkpoint was committed: continue from it (``ckpt.restore`` says what is
-      wrong when every one is corrupt, or when the directory holds foreign steps).
-    * ``resume`` of a run stopped before its first checkpoint (``ckpt.unused()``): start it again
-      in the same directory from its config.json — same seed, so the same run for the synthetic
-      oracle; a human teacher's label store keeps every answer and open pair — and say so.
-    * a fresh start: refused where a run's checkpoints already are (nothing is overwritten)."""
-    if ckpt.unused():
-        if resume:
-            log(f"{out} has no checkpoint yet (the run was stopped before its first one): starting it again from "
-                "its config.json, with the same seed")
-        return False
-    if resume:
-        return True
-    if ckpt.latest_step() is not None:
-        raise ValueError(f"{out} already holds a run with checkpoints: continue it with --resume {out}, "
-                         "or choose another --out.")
-    raise ValueError(f"{ckpt.directory} holds step directories that this run did not write: choose another --out.")
 
 
 class PreferenceRun:
@@ -362,6 +170,20 @@ class PreferenceRun:
             state.update(env_state=env_state, obs=obs)
         return state
 
+    def restore_latest(self) -> tuple[dict, dict] | None:
+        """The newest checkpoint in the run's directory as ``(state, meta)`` (state: ``agent``,
+        ``ensemble``, ``buffer``, ``key`` and, for pure-JAX tasks, ``env_state``/``obs``), or
+        None when the run has none yet.  For tools that read a trained run (demo recording,
+        diagnostics); ``run`` restores through the same template."""
+        ckpt = self._checkpointer()
+        if ckpt.latest_step() is None:
+            return None
+        key = jax.random.PRNGKey(0)
+        template = self._saveable(self.agent.init(key), jax.jit(self.ensemble.init)(key),
+                                  self.ensemble.empty_buffer(self.parts.label_capacity, self.seg_len), key,
+                                  *self.env.reset(key))
+        return ckpt.restore(template)
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
         cfg, spec = self.cfg, self.spec
@@ -399,23 +221,16 @@ class PreferenceRun:
             wall_before = float(meta.get("wall_s", 0.0))
             tracker = EpisodeTracker(self.env.num_envs, meta.get("episode_sums"))
             reward_scale = jnp.asarray(meta["reward_scale"], jnp.float32)
-            rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["iteration"] < start_iter] \
-                if (out / "metrics.jsonl").exists() else []
-            with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
             self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-            if not self.resume:  # a resume keeps the config.json it was started from
-                (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+        writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume,
+                              keep_row=lambda r: r["iteration"] < start_iter,
+                              purge_step=start_iter * self.steps_per_iter)
         human = learn and cfg.label_source == "human"
         if human:
             from rlhp_jax.human.teacher import HumanTeacher, pair_shapes
 
             self.human = HumanTeacher(out, cfg.env, render_fields=getattr(self.env, "render_fields", ()),
                                       pair_shapes=pair_shapes(spec, self.seg_len))  # other pairs: skipped
-        writer = MetricsWriter(out / "metrics.jsonl", append=restoring)  # restoring: the rows before start_iter
-        tb = TensorBoardWriter(out / "tensorboard", purge_step=start_iter * self.steps_per_iter)
         start = time.perf_counter()
 
         def save(it):
@@ -577,7 +392,7 @@ class PreferenceRun:
             "wall_s": last.get("wall_s"),
             "steps_per_s": last.get("steps_per_s"),
         }
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_summary(out, summary)
         what = "preferences" if self.learn else "true reward"
         plot_learning_curve(rows, out / "learning_curve.png",
                             title=f"{self.spec.name} — {cfg.agent.upper()} on {what}, {answered} labels, seed {cfg.seed}"

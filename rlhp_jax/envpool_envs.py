@@ -113,10 +113,10 @@ def supported_envs() -> list[str]:
 
 
 def is_envpool_env(name: str) -> bool:
-    return _canonical(name) is not None
+    return canonical_task(name) is not None
 
 
-def _canonical(name: str) -> tuple[str, str] | None:
+def canonical_task(name: str) -> tuple[str, str] | None:
     """'Pong', 'Pong-v5', 'PongNoFrameskip-v4' -> ('atari', 'Pong'); 'Hopper-v4', 'pendulum' -> ('mujoco', ...)."""
     base = name.split("-v")[0].replace("NoFrameskip", "")
     base = MUJOCO_ALIASES.get(name.lower(), MUJOCO_ALIASES.get(base.lower(), base))
@@ -176,7 +176,7 @@ class EnvpoolVecEnv:
                  num_threads: int = 0, **overrides: Any):
         import envpool  # local: heavy import, and only needed for these tasks
 
-        found = _canonical(name)
+        found = canonical_task(name)
         if found is None:
             raise ValueError(f"Unknown environment {name!r}. Supported envpool tasks: {', '.join(supported_envs())}.")
         if num_envs < 1:

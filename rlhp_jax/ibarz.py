@@ -24,14 +24,13 @@ sample→r̂→update), because the replay buffer lives in host memory (see ``re
 (orbax) are written after each stage and each iteration and hold the agent, the reward model, the
 annotation buffer, the replay buffer, the RNG states and the counters; a run killed at any moment
 continues from the last one with no label lost (one killed before its first checkpoint starts again
-from its config.json: ``driver.continues_from_checkpoint``).  The iterations are whole: ``total_steps``
+from its config.json: ``runs.continues_from_checkpoint``).  The iterations are whole: ``total_steps``
 is rounded up to them, and the run says so (``steps_note``, ``requested_steps`` in the summary).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -45,11 +44,11 @@ from rlhp_jax import labels as labels_lib
 from rlhp_jax.agents.dqfd import DQfD, DQfDConfig
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
 from rlhp_jax.config_fields import check_ranges, dataclass_from_json
-from rlhp_jax.driver import config_to_json, continues_from_checkpoint, read_run_config
+from rlhp_jax.runs import continues_from_checkpoint, open_run, read_run_config, write_summary
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.loop import steps_note
-from rlhp_jax.metrics import (MetricsWriter, TensorBoardWriter, finite_or_none, nanmean_or_none, plot_ibarz_run,
+from rlhp_jax.metrics import (finite_or_none, nanmean_or_none, plot_ibarz_run,
                               read_jsonl, segment_return_correlation)
 from rlhp_jax.preferences import bradley_terry_loss, check_labels, label_entropy_bound, segment_returns
 from rlhp_jax.replay import PrioritizedReplay, ReplayConfig
@@ -501,20 +500,12 @@ class IbarzRun:
             self.rng.bit_generator.state = meta["rng"]
             self.since = np.asarray(meta["since"], np.int64)
             self.wall_before = float(meta["wall_s"])
-            rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["stage"] <= stage] \
-                if (out / "metrics.jsonl").exists() else []
-            with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
             self.log(f"resuming {out} after stage {stage} ({self.answered} labels, {self.actor_steps} actor steps)")
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-            if not self.resume:  # a resume keeps the config.json it was started from
-                (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+        # TensorBoard hides what a killed attempt logged after the checkpoint (from the start: everything)
+        writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume, keep_row=lambda r: r["stage"] <= stage,
+                              purge_step=self.actor_steps + 1 if restoring else 0)
         if cfg.frozen_reward is not None:
             self.rm_state = frozen
-        writer = MetricsWriter(out / "metrics.jsonl", append=restoring)  # restoring: the rows up to its stage
-        # TensorBoard hides what a killed attempt logged after the checkpoint (from the start: everything)
-        tb = TensorBoardWriter(out / "tensorboard", purge_step=self.actor_steps + 1 if restoring else 0)
 
         def record(stage_done: int, row: dict):
             row = dict(stage=stage_done, env_steps=self.actor_steps, labels=self.answered, queries=self.asked,
@@ -608,7 +599,7 @@ class IbarzRun:
             final_rm_loss=last.get("rm_loss"), final_label_entropy_bound=last.get("label_entropy_bound"),
             wall_s=rows[-1]["wall_s"] if rows else None,
         )
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_summary(out, summary)
         title = f"{self.spec.name} — DQfD, {cfg.setup}" + (f", {self.answered} labels" if cfg.learns_rewards else "") \
             + (", frozen reward model" if cfg.frozen_reward else "") + f", seed {cfg.seed}"
         plot_ibarz_run(rows, out / "learning_curve.png", title=title)
@@ -641,4 +632,4 @@ def _mean_metrics(history: list) -> dict:
 
 
 
-__all__ = ["IbarzConfig", "IbarzRun", "SETUPS", "config_from_json", "config_to_json", "DemoError"]
+__all__ = ["IbarzConfig", "IbarzRun", "SETUPS", "config_from_json", "DemoError"]

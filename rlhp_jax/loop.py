@@ -1,6 +1,6 @@
 """One preference-learning run as pure functions: what the host driver and the compiled loop share.
 
-``RunParts(config)`` builds, from a ``driver.RunConfig``, everything a run is made of (the
+``RunParts(config)`` builds, from a ``config.RunConfig``, everything a run is made of (the
 environments, the agent, the reward ensemble, the label schedule, the sizes of an iteration)
 and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly functions:
 
@@ -113,7 +113,7 @@ def finished_episodes(sums, raw_reward, ends, valid):
 
 
 class RunParts:
-    """The components and pure steps of a run of ``config`` (a ``driver.RunConfig``)."""
+    """The components and pure steps of a run of ``config`` (a ``config.RunConfig``)."""
 
     def __init__(self, config):
         self.cfg = config

@@ -19,7 +19,7 @@ LANES = dict(seeds=[0, 1], labels=[12, 8], mistake_rate=[0.0, 0.25])  # 8 lanes
 
 def test_config():
     from rlhp_jax.agents.ppo import PPOConfig
-    from rlhp_jax.driver import RunConfig
+    from rlhp_jax.config import RunConfig
 
     from rlhp_jax.ensemble import EnsembleConfig
 

@@ -33,7 +33,7 @@ from experiments import classic
 from experiments.cli import build_parser, config_from_args, ibarz_config_from_args
 from rlhp_jax import demos as D
 from rlhp_jax.agents.ppo import PPOConfig
-from rlhp_jax.driver import RunConfig, config_to_json
+from rlhp_jax.config import RunConfig, config_to_json
 from rlhp_jax.ibarz import IbarzConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -444,7 +444,7 @@ def test_cli_resolves_every_task_make_env_takes():
         if name in envs.gymnax_envs():
             assert (kind, task) == ("gymnax", name)
         else:
-            assert (kind, task) == envpool_envs._canonical(name), name
+            assert (kind, task) == envpool_envs.canonical_task(name), name
     assert clips.resolve_cli_env("pendulum") == ("mujoco", "InvertedPendulum")
     assert clips.resolve_cli_env("double pendulum") == ("mujoco", "InvertedDoublePendulum")
     assert clips.resolve_cli_env("Pendulum-v1") == ("gymnax", "Pendulum-v1")

@@ -174,7 +174,7 @@ def test_two_processes_on_loopback_equal_one(reference, tmp_path):
 
 
 def test_bad_input_is_refused(program, tmp_path):
-    from rlhp_jax.driver import RunConfig
+    from rlhp_jax.config import RunConfig
 
     with pytest.raises(ValueError, match="pure-JAX"):
         CompiledRun(RunConfig(env="Pong", agent="a2c"))

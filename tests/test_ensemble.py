@@ -506,7 +506,7 @@ def test_heldout_labels_never_in_training_weights(big_buffer):
 
 def test_no_ensemble_ablation_fits_its_one_predictor_on_every_training_label(buffer1):
     """§3.3 "no ensemble": a single predictor, so no bootstrap resample — each training label weighs 1."""
-    from rlhp_jax.driver import RunConfig, with_ablation
+    from rlhp_jax.config import RunConfig, with_ablation
 
     cfg = with_ablation(RunConfig(), "no_ensemble").ensemble
     assert cfg.num_members == 1 and cfg.bootstrap is False

@@ -17,7 +17,8 @@ import pytest
 from experiments import atari, classic, mujoco
 from experiments.cli import build_parser, config_from_args
 from rlhp_jax.checkpoint import Checkpointer
-from rlhp_jax.driver import ABLATIONS, PreferenceRun
+from rlhp_jax.config import ABLATIONS
+from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.loop import RunParts
 from rlhp_jax.metrics import TensorBoardWriter, read_jsonl
 
@@ -283,3 +284,35 @@ def test_default_output_directory_never_reuses_a_run(tmp_path):
     assert _fresh_dir(str(base)) == f"{base}-2"
     (tmp_path / "runs" / "CartPole-v1-ppo-200labels-seed0-2" / "checkpoints").mkdir(parents=True)
     assert _fresh_dir(str(base)) == f"{base}-3"
+
+
+def test_demonstrations_recorded_from_a_finished_run_use_its_newest_checkpoint(tmp_path, cartpole_run):
+    """``python -m rlhp_jax.demos record --run DIR`` on a Christiano run: the greedy policy of its
+    newest checkpoint (``PreferenceRun.restore_latest``) plays; a run without a checkpoint is refused."""
+    from rlhp_jax import demos
+    from rlhp_jax.envs import make_env
+
+    out = tmp_path / "cartpole.npz"
+    assert demos.main(["record", "--run", str(cartpole_run), "--episodes", "2", "--max-steps", "60",
+                       "--out", str(out)]) == 0
+    d = demos.load_demos(out, make_env("CartPole-v1", 1))
+    assert d.num_steps == 60 and d.meta["source"].startswith("policy:")
+    empty = tmp_path / "no_checkpoint"
+    empty.mkdir()
+    (empty / "config.json").write_text((cartpole_run / "config.json").read_text())
+    with pytest.raises(demos.DemoError, match="no checkpoint to record a policy from"):
+        demos.policy_from_run(empty, make_env("CartPole-v1", 1), 0.0)
+
+
+def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpole_run, capsys):
+    from experiments import reward_diagnostics
+
+    assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run), "--steps", "60"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines[2:]]
+    assert [r[1] for r in rows] == ["sampled", "greedy"]
+    for r in rows:
+        true_return, r_hat, corr = float(r[2]), float(r[3]), float(r[4])
+        assert np.isfinite(true_return) and true_return <= 500 and np.isfinite(r_hat)
+        assert np.isnan(corr) or -1 <= corr <= 1  # nan: a policy that never falls earns a constant true reward
+    assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run / "missing")]) == 2

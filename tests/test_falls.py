@@ -15,7 +15,7 @@ import pytest
 
 from rlhp_jax import queries
 from rlhp_jax.agents.trpo import TRPOConfig
-from rlhp_jax.driver import RunConfig
+from rlhp_jax.config import RunConfig
 from rlhp_jax.envpool_envs import healthy
 from rlhp_jax.loop import RunParts
 

@@ -230,7 +230,8 @@ def test_the_trainer_skips_answers_it_cannot_train_on_with_one_warning_per_pair(
 
 def test_a_human_taught_run_goes_on_past_a_pair_without_segments(tmp_path):
     """The issue's crash loop: a labeled display-only pair in a ``--teacher human`` run's store."""
-    from rlhp_jax.driver import PreferenceRun, RunConfig
+    from rlhp_jax.config import RunConfig
+    from rlhp_jax.driver import PreferenceRun
 
     out = tmp_path / "run"
     store = LabelStore(out)

@@ -20,7 +20,9 @@ import jax
 import numpy as np
 import pytest
 
-from rlhp_jax.driver import PreferenceRun, RunConfig
+from rlhp_jax.config import RunConfig
+
+from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.human.server import ServerThread, create_app, free_port
 from rlhp_jax.human.store import LabelStore
 from rlhp_jax.metrics import read_jsonl

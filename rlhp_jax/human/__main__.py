@@ -62,8 +62,8 @@ def _env_of(store) -> str | None:
     cfg = store.root / "config.json"
     if cfg.is_file():
         return json.loads(cfg.read_text()).get("env")
-    row = store._conn().execute("SELECT info FROM queries LIMIT 1").fetchone()
-    return json.loads(row["info"]).get("env") if row else None
+    rows = store.all_queries(limit=1)
+    return json.loads(rows[0]["info"]).get("env") if rows else None
 
 
 def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:

@@ -68,7 +68,7 @@ class LabeledSetError(ValueError):
 def pair_lines(store: LabelStore, base: str | os.PathLike, labeled_only: bool = False, embed_segments: bool = True):
     """The store's pairs as JSONL records (clip paths relative to ``base``), oldest first."""
     base = Path(base).resolve()
-    for q in store._conn().execute("SELECT * FROM queries ORDER BY rowid").fetchall():
+    for q in store.all_queries():
         labels = store.labels_for(q["id"])
         if labeled_only and not labels:
             continue

@@ -72,9 +72,9 @@ OWN_GUIDANCE = {
 def task_instructions(env: str, custom: str | None = None) -> tuple[str, str]:
     """``(title, text)`` for the page: the user's description if given, else the paper's
     guidance for its tasks, else ours."""
-    from rlhp_jax.envpool_envs import _canonical
+    from rlhp_jax.envpool_envs import canonical_task
 
-    canon = _canonical(env)
+    canon = canonical_task(env)
     name = canon[1] if canon else env
     if custom:
         return f"{name}: which clip is better?", custom.strip()

@@ -107,7 +107,7 @@ def action_names(env_name: str, full_action_space: bool = False) -> tuple[str, .
         if full_action_space:
             raise ValueError("--full-action-space applies to the Atari games only (MinAtar games have their own set)")
         return MINATAR_ACTION_SETS[env_name]
-    canonical = envpool_envs._canonical(env_name)
+    canonical = envpool_envs.canonical_task(env_name)
     if canonical is None or canonical[0] != "atari" or canonical[1] not in MINIMAL_ACTION_SETS:
         raise ValueError(f"{env_name!r} cannot be played in the browser; playable games: {', '.join(playable_envs())}")
     return ALE_ACTIONS if full_action_space else MINIMAL_ACTION_SETS[canonical[1]]
@@ -573,7 +573,7 @@ def create_play_app(session: PlaySession, *, token: str | None = None, max_body:
     from fastapi import FastAPI
     from fastapi.responses import RedirectResponse
 
-    from rlhp_jax.human.server import MAX_BODY, _Guard, json_errors
+    from rlhp_jax.human.server import MAX_BODY, Guard, json_errors
 
     app = FastAPI(title="rlhp_jax play", docs_url=None, redoc_url=None, openapi_url=None)
     json_errors(app)
@@ -583,7 +583,7 @@ def create_play_app(session: PlaySession, *, token: str | None = None, max_body:
         return RedirectResponse("/play", 303)
 
     add_play_routes(app, session)
-    return _Guard(app, token, MAX_BODY if max_body is None else max_body)
+    return Guard(app, token, MAX_BODY if max_body is None else max_body)
 
 
 def play_url(server) -> str:

@@ -22,7 +22,7 @@ as ``?token=`` (the URL the server prints; the page then keeps it in an HttpOnly
 videos load) or as that cookie.  Without a token only requests addressed to this machine's own
 names (``Host``: localhost, 127.x.y.z or [::1], any port) are answered, so a web site whose DNS
 name is re-pointed at 127.0.0.1 (DNS rebinding) gets a 403, not the API.  These checks and the
-body cap live in one ASGI middleware (``_Guard``) that the play page shares.
+body cap live in one ASGI middleware (``Guard``) that the play page shares.
 
 Errors: every error is ``{"error": message}`` with a 4xx status, whatever raised it (this app or
 FastAPI itself), and none writes anything: a wrong host name 403, a missing token 401, a body
@@ -104,7 +104,7 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return JSONResponse({"error": message}, status, headers=headers)
 
 
-class _Guard:
+class Guard:
     """ASGI middleware in front of every page this package serves (labeling and play): what a
     request must pass before any route sees it (module docstring, "Safety").  Without a token,
     the ``Host`` header must name this machine (403); with one, the token (401).  Bodies over
@@ -314,7 +314,7 @@ def create_app(store: LabelStore, *, token: str | None = None, title: str = "Whi
             raise UnknownQuery("clip not found")
         return FileResponse(path, media_type="video/mp4", headers={"Cache-Control": "private, max-age=3600"})
 
-    return _Guard(app, token, max_body)
+    return Guard(app, token, max_body)
 
 
 def render_instructions(text: str) -> str:

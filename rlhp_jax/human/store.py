@@ -315,6 +315,11 @@ class LabelStore:
         d["info"] = json.loads(d["info"])
         return d
 
+    def all_queries(self, limit: int | None = None) -> list[sqlite3.Row]:
+        """Every pair's row (answered, open or withdrawn), oldest first; at most ``limit``."""
+        sql = "SELECT * FROM queries ORDER BY rowid" + ("" if limit is None else f" LIMIT {int(limit)}")
+        return self._conn().execute(sql).fetchall()
+
     def withdraw(self, query_ids: Iterable[str]) -> int:
         """Stop offering pairs (e.g. clips of a long-gone policy); answers already given stay."""
         ids = list(query_ids)

@@ -1,0 +1,97 @@
+"""Does a run's learned reward prefer the better policy?  Score the newest policy of each run with
+one run's reward model (r̂ as the agent sees it: the members' normalized rewards, averaged).
+
+    python -m experiments.reward_diagnostics --rm runs/reproduce_mujoco/Swimmer-700labels-3M-seed0 \\
+        runs/reproduce_mujoco/Swimmer-700labels-3M-seed0 runs/reproduce_mujoco/Swimmer-baseline-3M-seed0
+
+For each run and each way of acting (``sampled``: the stochastic policy the agent trains;
+``greedy``: its mean action) it rolls ``--steps`` steps of the task on ``--envs`` environments and
+prints one row: the true return per episode, r̂ per step, the per-step correlation and least-squares
+slope of r̂ on the true reward, and how much of r̂'s variance comes from the action noise (r̂ on the
+sampled actions against r̂ on the mean actions, both clipped to the action bounds as the
+environment receives them).  If r̂ ranks policies as the true reward does but by a much smaller
+margin than ``slope × true difference``, r̂ carries an offset that depends on the states a policy
+visits.  Christiano runs only (their newest checkpoint); the task is the reward model's run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhp_jax.config import RunConfig
+from rlhp_jax.driver import PreferenceRun
+from rlhp_jax.rollout import clip_action, collect_rollout
+from rlhp_jax.runs import read_run_config
+
+
+def load(run: str) -> tuple[PreferenceRun, dict]:
+    """A run's components and the state of its newest checkpoint."""
+    cfg = read_run_config(run)
+    if not isinstance(cfg, RunConfig):
+        raise ValueError(f"{run} is an Ibarz et al. run: this tool reads Christiano runs")
+    pr = PreferenceRun(cfg, progress=False, resume=True)
+    restored = pr.restore_latest()
+    if restored is None:
+        raise ValueError(f"{run} has no checkpoint yet")
+    return pr, restored[0]
+
+
+def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, policy_state: dict, *, greedy: bool,
+          steps: int, seed: int = 0) -> dict:
+    """One row: the policy of ``policy_run`` acting in ``rm_run``'s task, scored by its r̂."""
+    if policy_run.spec.obs_shape != rm_run.spec.obs_shape or policy_run.spec.num_actions != rm_run.spec.num_actions:
+        raise ValueError(f"{policy_run.cfg.out} ran another task than {rm_run.cfg.out}")
+    agent, params, spec = policy_run.agent, policy_state["agent"].params, rm_run.spec
+    policy = agent.policy
+    if greedy:
+        policy = lambda p, o, k: (agent.act_deterministic(p, o), jnp.zeros(o.shape[0]), jnp.zeros(o.shape[0]))
+    env_state, obs = rm_run.env.reset(jax.random.PRNGKey(seed))
+    _, _, ro = collect_rollout(rm_run.env, policy, params, env_state, obs, jax.random.PRNGKey(seed + 1), steps)
+    valid = np.asarray(ro.valid).reshape(-1)
+    o = ro.obs.reshape(-1, *ro.obs.shape[2:])
+    sampled = ro.action.reshape(-1, *ro.action.shape[2:])
+    r_hat = lambda a: np.asarray(rm_run.ensemble.predict_reward(rm_state["ensemble"], o, clip_action(spec, a)))[valid]
+    r = r_hat(sampled)
+    true = np.asarray(ro.true_reward).reshape(-1)[valid]
+    row = dict(true_return=float(true.mean()) * spec.horizon, r_hat=float(r.mean()),
+               corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
+               slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0)
+    if not spec.discrete and not greedy:
+        r_mean = r_hat(agent.act_deterministic(params, o))
+        row["action_share"] = float(np.var(r - r_mean) / max(np.var(r), 1e-12))
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.reward_diagnostics", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="run directories whose newest policies are scored")
+    p.add_argument("--rm", required=True, help="the run whose reward model scores them")
+    p.add_argument("--steps", type=int, default=1000, help="steps per environment (default 1000)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be positive")
+    try:
+        rm_run, rm_state = load(args.rm)
+        print(f"r̂ of {args.rm}")
+        print(f"{'run':44s} {'acting':8s} {'true return':>12s} {'r̂/step':>8s} {'corr':>6s} {'slope':>6s} {'action share':>12s}")
+        for run in args.runs:
+            policy_run, policy_state = load(run)
+            for greedy in (False, True):
+                row = score(rm_run, rm_state, policy_run, policy_state, greedy=greedy, steps=args.steps, seed=args.seed)
+                print(f"{run[-44:]:44s} {'greedy' if greedy else 'sampled':8s} {row['true_return']:12.1f} "
+                      f"{row['r_hat']:8.3f} {row['corr']:6.3f} {row['slope']:6.2f} {row['action_share']:12.3f}")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

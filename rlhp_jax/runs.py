@@ -1,0 +1,99 @@
+"""Run directories: where a run's configuration, checkpoints, metrics and summary live, and how a
+run starts, resumes and ends there — one home for both protocols' drivers and every tool that
+reads a run (``--resume``, demo recording, ``--frozen-reward``, the labeling app, diagnostics).
+
+A run directory holds ``config.json`` (written once, at a fresh start), ``checkpoints/`` (orbax,
+:mod:`rlhp_jax.checkpoint`), ``metrics.jsonl`` (one row per iteration or stage), ``tensorboard/``,
+and at the end ``summary.json`` and ``learning_curve.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+from rlhp_jax.config import config_from_json, config_to_json
+from rlhp_jax.config_fields import describe
+from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
+
+
+def read_run_config(run_dir: str | Path):
+    """The configuration a run directory was started with (its ``config.json``): a
+    :class:`RunConfig`, or an ``ibarz.IbarzConfig`` where the file says ``"protocol": "ibarz"``,
+    with ``out`` set to ``run_dir`` (what ``--resume``, demo recording and ``--frozen-reward`` read).
+
+    The file must be what a run wrote: UTF-8 JSON holding every field of the config with a value
+    of the field's type (``rlhp_jax.config_fields``).  Anything else — a damaged, truncated or
+    hand-edited file, one from another version — is a one-line ``ValueError``."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run_dir}: no config.json there (is it a run directory?)")
+    try:
+        saved = json.loads(path.read_bytes().decode("utf-8"))
+        protocol = saved.get("protocol", "christiano") if isinstance(saved, dict) else None
+        if protocol == "ibarz":
+            from rlhp_jax.ibarz import config_from_json as ibarz_from_json
+
+            cfg = ibarz_from_json(saved)
+        elif protocol in ("christiano", None):
+            cfg = config_from_json(saved)
+        else:
+            raise ValueError(f"unknown protocol {describe(protocol)} (this version runs 'ibarz' and Christiano "
+                             "et al.'s, which names none)")
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path} is not a configuration this version can run ({e})") from None
+    return dataclasses.replace(cfg, out=str(run_dir))
+
+
+def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str], None]) -> bool:
+    """Whether a run in ``out`` (checkpoints in ``ckpt``) continues from a checkpoint (True) or
+    starts from its config (False); shared by both protocols' drivers.
+
+    * ``resume`` and a checkpoint was committed: continue from it (``ckpt.restore`` says what is
+      wrong when every one is corrupt, or when the directory holds foreign steps).
+    * ``resume`` of a run stopped before its first checkpoint (``ckpt.unused()``): start it again
+      in the same directory from its config.json — same seed, so the same run for the synthetic
+      oracle; a human teacher's label store keeps every answer and open pair — and say so.
+    * a fresh start: refused where a run's checkpoints already are (nothing is overwritten)."""
+    if ckpt.unused():
+        if resume:
+            log(f"{out} has no checkpoint yet (the run was stopped before its first one): starting it again from "
+                "its config.json, with the same seed")
+        return False
+    if resume:
+        return True
+    if ckpt.latest_step() is not None:
+        raise ValueError(f"{out} already holds a run with checkpoints: continue it with --resume {out}, "
+                         "or choose another --out.")
+    raise ValueError(f"{ckpt.directory} holds step directories that this run did not write: choose another --out.")
+
+
+def open_run(out: Path, cfg, *, restoring: bool, resume: bool, keep_row: Callable[[dict], bool],
+             purge_step: int) -> tuple[MetricsWriter, TensorBoardWriter]:
+    """Make ``out`` ready for the run and open its metrics writers.
+
+    Continuing from a checkpoint (``restoring``), ``metrics.jsonl`` is cut back to the rows the
+    checkpoint covers (``keep_row``) and new rows are appended; otherwise the directory is created
+    and, on a fresh start (not ``resume``), ``config.json`` written (a resume keeps the one it was
+    started from).  TensorBoard hides every event at or after ``purge_step`` (the first step this
+    attempt logs) that a killed attempt left, so no row shows twice."""
+    out = Path(out)
+    if restoring:
+        path = out / "metrics.jsonl"
+        rows = [r for r in read_jsonl(path) if keep_row(r)] if path.exists() else []
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+    return MetricsWriter(out / "metrics.jsonl", append=restoring), TensorBoardWriter(out / "tensorboard",
+                                                                                      purge_step=purge_step)
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """``summary.json``: what the run ended with (its presence marks the run finished)."""
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2))

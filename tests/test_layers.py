@@ -1,0 +1,150 @@
+"""The package's shape, read from its source (docs/DESIGN.md, "Layers"): every module has a layer,
+no module imports an outer layer, no import cycle, no private name used from another module.
+
+Where the code breaks a rule today the break is listed below (KNOWN_*), and the tests hold the
+lists exact: a new break fails, and so does a fixed one that is still listed, so the lists only
+shrink.  Imports inside functions count: they close cycles just as well."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# docs/DESIGN.md's layer table (module -> layer); experiments are layer 7
+LAYERS = {
+    "rlhp_jax": 7, "rlhp_jax.preferences": 1, "rlhp_jax.config_fields": 1,
+    "rlhp_jax.reward_models": 2, "rlhp_jax.ensemble": 2, "rlhp_jax.agents": 2, "rlhp_jax.agents.common": 2,
+    "rlhp_jax.agents.ppo": 2, "rlhp_jax.agents.a2c": 2, "rlhp_jax.agents.trpo": 2, "rlhp_jax.agents.dqfd": 2,
+    "rlhp_jax.envs": 3, "rlhp_jax.envpool_envs": 3, "rlhp_jax.atari_masks": 3, "rlhp_jax.rollout": 3,
+    "rlhp_jax.queries": 4, "rlhp_jax.labels": 4, "rlhp_jax.schedules": 4, "rlhp_jax.demos": 4,
+    "rlhp_jax.replay": 4, "rlhp_jax.human.store": 4,
+    "rlhp_jax.teachers": 5, "rlhp_jax.human": 5, "rlhp_jax.human.teacher": 5, "rlhp_jax.human.server": 5,
+    "rlhp_jax.human.exchange": 5, "rlhp_jax.human.instructions": 5, "rlhp_jax.human.play": 5,
+    "rlhp_jax.clips": 5, "rlhp_jax.classic_clips": 5,
+    "rlhp_jax.config": 6, "rlhp_jax.runs": 6, "rlhp_jax.loop": 6, "rlhp_jax.driver": 6, "rlhp_jax.compiled": 6,
+    "rlhp_jax.distributed": 6, "rlhp_jax.ibarz": 6, "rlhp_jax.checkpoint": 6, "rlhp_jax.metrics": 6,
+    "rlhp_jax.human.__main__": 7, "rlhp_jax.human.browser": 7,
+}
+
+KNOWN_UPWARD = {  # (importer, imported): an inner layer reaching out
+    # agents take the environment's spec and rollouts: data types that belong below both
+    ("rlhp_jax.agents.a2c", "rlhp_jax.envs"), ("rlhp_jax.agents.a2c", "rlhp_jax.rollout"),
+    ("rlhp_jax.agents.common", "rlhp_jax.envs"), ("rlhp_jax.agents.common", "rlhp_jax.rollout"),
+    ("rlhp_jax.agents.dqfd", "rlhp_jax.envs"),
+    ("rlhp_jax.agents.ppo", "rlhp_jax.envs"), ("rlhp_jax.agents.ppo", "rlhp_jax.rollout"),
+    ("rlhp_jax.agents.trpo", "rlhp_jax.envs"), ("rlhp_jax.agents.trpo", "rlhp_jax.rollout"),
+    ("rlhp_jax.ensemble", "rlhp_jax.labels"),  # the label buffer's type and weights
+    # demos.policy_from_run loads a trained policy from a run directory
+    ("rlhp_jax.demos", "rlhp_jax.config"), ("rlhp_jax.demos", "rlhp_jax.driver"),
+    ("rlhp_jax.demos", "rlhp_jax.ibarz"), ("rlhp_jax.demos", "rlhp_jax.runs"),
+}
+
+KNOWN_CYCLES = {
+    frozenset({"rlhp_jax.envs", "rlhp_jax.envpool_envs"}),
+    frozenset({"rlhp_jax.demos", "rlhp_jax.driver", "rlhp_jax.human.teacher", "rlhp_jax.ibarz", "rlhp_jax.replay",
+               "rlhp_jax.runs"}),
+}
+
+KNOWN_PRIVATE = {  # (module, private name it uses that another module defines)
+    ("experiments.bench_envs", "_env"), ("experiments.bench_envs", "_xla"),
+    ("experiments.cli", "_actions"),  # argparse's
+    ("experiments.ibarz_diagnostics", "_act_step"), ("experiments.ibarz_diagnostics", "_rewards"),
+}
+
+NAMEDTUPLE_API = {"_fields", "_replace", "_asdict", "_make"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@pytest.fixture(scope="module")
+def package():
+    """{module: (its imports of project modules, private names it uses from elsewhere)}."""
+    files = sorted([*(ROOT / "rlhp_jax").rglob("*.py"), *(ROOT / "experiments").glob("*.py")])
+    sources = {_module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in files}
+
+    def resolve(name):
+        while name and name not in sources:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    out = {}
+    for module, tree in sources.items():
+        defined, deps, private = set(), set(), set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                defined.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(filter(None, (resolve(a.name) for a in node.names)))
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    target = full if full in sources else resolve(node.module)
+                    if target:
+                        deps.add(target)
+                        if a.name.startswith("_") and not a.name.startswith("__"):
+                            private.add(a.name)
+            elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                  and node.attr not in defined and node.attr not in NAMEDTUPLE_API):
+                private.add(node.attr)
+        out[module] = (deps - {module}, private)
+    return out
+
+
+def test_every_module_has_a_layer(package):
+    assert sorted(m for m in package if m.startswith("rlhp_jax") and m not in LAYERS) == []
+
+
+def test_no_module_imports_an_outer_layer(package):
+    layer = lambda m: LAYERS.get(m, 7)
+    upward = {(m, d) for m, (deps, _) in package.items() for d in deps if layer(d) > layer(m)}
+    assert upward - KNOWN_UPWARD == set(), "new upward imports"
+    assert KNOWN_UPWARD - upward == set(), "fixed: remove them from KNOWN_UPWARD"
+
+
+def test_no_import_cycles(package):
+    graph = {m: deps for m, (deps, _) in package.items()}
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), set()
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.add(frozenset(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert cycles == KNOWN_CYCLES
+
+
+def test_no_private_name_crosses_modules(package):
+    used = {(m, name) for m, (_, names) in package.items() for name in names}
+    assert used - KNOWN_PRIVATE == set(), "new private names used across modules"
+    assert KNOWN_PRIVATE - used == set(), "fixed: remove them from KNOWN_PRIVATE"
