@@ -39,7 +39,8 @@ from experiments.cli import build_parser, config_from_args
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.metrics import read_jsonl
-from rlhp_jax.rollout import clip_action, collect_rollout
+from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.core import clip_action
 
 
 def best_time(fn, *args, repeats=2):

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from rlhp_jax.agents.dqfd import DQfD
     from rlhp_jax.demos import DemoRecorder, FrameFormat, read_demos
     from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
-    from rlhp_jax.envs import EnvSpec
+    from rlhp_jax.core import EnvSpec
     from rlhp_jax.replay import PrioritizedReplay, ReplayConfig, replay_memory_bytes
     from rlhp_jax.reward_models import reward_model_spec_for
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from rlhp_jax.config import RunConfig
 from rlhp_jax.driver import PreferenceRun
-from rlhp_jax.rollout import clip_action, collect_rollout
+from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.core import clip_action
 from rlhp_jax.runs import read_run_config
 
 

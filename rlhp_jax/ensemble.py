@@ -42,6 +42,7 @@ from flax import struct
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy, preference_probability,
                                   segment_returns, target_return_loss)
+from rlhp_jax.core import weight_l2
 from rlhp_jax.reward_models import RewardModelSpec
 
 
@@ -133,12 +134,6 @@ def over_members(fn, mode: str):
             return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
         return unrolled
     raise ValueError(f"unknown member axis mode {mode!r}")
-
-
-def _weight_l2(params) -> jax.Array:
-    """Sum of squared weights of every kernel (matrices and conv filters; biases excluded)."""
-    leaves = [p for p in jax.tree.leaves(params) if p.ndim > 1]
-    return sum(jnp.sum(jnp.square(p)) for p in leaves) if leaves else jnp.zeros(())
 
 
 INPUT_STD_FLOOR = 1e-2  # a feature (nearly) constant over the labeled clips is not blown up
@@ -296,7 +291,7 @@ class RewardEnsemble:
                 x = _to_unit_range(x) + cfg.input_noise * jax.random.normal(k_noise, x.shape)
             r, new_stats = self._pair_rewards(p, stats, x, act, train=True, key=k_drop)
             bt = self._objective(r, mu, buffer.true_reward[idx_tr])
-            reg = l2 * _weight_l2(p) + cfg.reward_l2 * jnp.mean(jnp.square(r))
+            reg = l2 * weight_l2(p) + cfg.reward_l2 * jnp.mean(jnp.square(r))
             return bt + reg, (bt, new_stats)
 
         (_, (bt_train_mode, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

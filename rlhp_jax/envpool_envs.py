@@ -1,4 +1,4 @@
-"""The papers' benchmarks on envpool (layer 3): Atari (ALE) and MuJoCo, behind ``envs.VecEnv``.
+"""The papers' benchmarks on envpool (layer 3): Atari (ALE) and MuJoCo, behind ``core.VecEnv``.
 
 Same protocol as the gymnax backend (``state, obs = env.reset(key)``; ``state, out =
 env.step(key, state, action)`` inside ``jax.jit``/``lax.scan``), with the modifications of
@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from rlhp_jax.envs import EnvSpec, StepOut
+from rlhp_jax.core import EnvSpec, StepOut
 
 # The games of Christiano (7: BeamRider, Breakout, Enduro, Pong, Qbert, Seaquest,
 # SpaceInvaders) and Ibarz (adds Hero, MontezumaRevenge, PrivateEye and others).

@@ -26,58 +26,13 @@ The modifications of Christiano et al. 2017, appendix A, live here and only here
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-
-@dataclasses.dataclass(frozen=True)
-class EnvSpec:
-    """Static description of a task, as the agent, the reward model and the teacher need it."""
-
-    name: str
-    obs_shape: tuple[int, ...]
-    discrete: bool
-    num_actions: int  # number of discrete actions, or the action dimension when continuous
-    action_low: tuple[float, ...] | None  # continuous bounds, None when discrete
-    action_high: tuple[float, ...] | None
-    horizon: int  # fixed episode length the agent experiences
-    terminal_penalty: float  # added to the true reward when the underlying task terminates
-    segment_length: int  # default clip length for queries (about 1.5 s of simulated time)
-    reward_std: float  # default std of the normalized predicted reward (Christiano A.1: 1)
-    on_terminate: str = "reset"  # "continue" (penalty per step out of range) or "reset" (penalty once)
-
-    @property
-    def action_shape(self) -> tuple[int, ...]:
-        return () if self.discrete else (self.num_actions,)
-
-    @property
-    def action_dtype(self):
-        return jnp.int32 if self.discrete else jnp.float32
-
-
-class StepOut(NamedTuple):
-    """What one batched step returns. Leading axis: environments."""
-
-    obs: jax.Array  # observation after the step (after a silent or boundary reset)
-    true_reward: jax.Array  # task reward incl. terminal penalty: oracle and metrics only
-    terminated: jax.Array  # the task left its healthy range on this step (would have ended): oracle/metrics only
-    boundary: jax.Array  # fixed-horizon episode boundary: the only end the agent sees
-    raw_reward: jax.Array  # the unmodified task reward (no penalty), for evaluation
-    valid: jax.Array  # False on a step that is no real transition (envpool's deferred reset): never in a segment
-    render: jax.Array  # [num_envs, R] float32 extra per-step data a clip renderer needs (R may be 0)
-
-
-class VecEnv(Protocol):
-    spec: EnvSpec
-    num_envs: int
-
-    def reset(self, key: jax.Array) -> tuple[Any, jax.Array]: ...
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, StepOut]: ...
+from rlhp_jax.core import EnvSpec, StepOut, VecEnv
 
 
 @struct.dataclass

@@ -47,7 +47,7 @@ from rlhp_jax.config_fields import check_ranges, dataclass_from_json
 from rlhp_jax.runs import continues_from_checkpoint, open_run, read_run_config, write_summary
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.envs import make_env
-from rlhp_jax.loop import steps_note
+from rlhp_jax.loop import bucket, steps_note
 from rlhp_jax.metrics import (finite_or_none, nanmean_or_none, plot_ibarz_run,
                               read_jsonl, segment_return_correlation)
 from rlhp_jax.preferences import bradley_terry_loss, check_labels, label_entropy_bound, segment_returns
@@ -156,10 +156,6 @@ def config_from_json(d: dict) -> IbarzConfig:
     """Inverse of ``config_to_json`` (the saved ``config.json`` of a run): every field required and
     of its declared type, nested configs rebuilt.  Raises ``ValueError`` naming the field."""
     return dataclass_from_json(IbarzConfig, d)
-
-
-def _bucket(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 # stages of the protocol; a checkpoint's step number is the stage it completed
@@ -337,7 +333,7 @@ class IbarzRun:
         answered, first = 0, None
         remaining = num
         while remaining > 0:
-            q = min(_bucket(remaining), 512)
+            q = min(bucket(remaining), 512)
             take = min(q, remaining)
             pick = self.rng.integers(0, len(pool), size=2 * q)
             clips = self.replay.segments(lanes[pick], steps[pick], self.cfg.segment_length)
@@ -365,7 +361,7 @@ class IbarzRun:
         pairs, mu = autolabels(initial_pairs, demo)
         for lo in range(0, 2 * k, 512):
             hi = min(2 * k, lo + 512)
-            q = _bucket(hi - lo)
+            q = bucket(hi - lo)
             pad = lambda x: np.concatenate([x[lo:hi], np.zeros((q - (hi - lo), *x.shape[1:]), x.dtype)])
             chunk = labels_lib.SegmentPairs(obs=jnp.asarray(pad(pairs.obs)), action=jnp.asarray(pad(pairs.action)),
                                             true_reward=jnp.asarray(pad(pairs.true_reward)))

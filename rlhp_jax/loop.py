@@ -58,7 +58,8 @@ from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import segment_return_correlation
 from rlhp_jax.preferences import preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
-from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
+from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.core import Rollout, clip_action
 from rlhp_jax.schedules import label_schedule
 
 MAX_QUERY_CHUNK = 1024  # pairs selected and labeled in one compiled call

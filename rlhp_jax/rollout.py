@@ -9,48 +9,12 @@ separately (Christiano et al. 2017, appendix A).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from rlhp_jax.envs import EnvSpec, VecEnv
-
-# policy_fn(params, obs [N, *obs_shape], key) -> (action, log_prob [N], value [N])
-PolicyFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
-
-
-class Rollout(NamedTuple):
-    """``num_steps`` steps of ``num_envs`` environments. Leading axes: [T, N].
-
-    ``action`` is the policy's sample as drawn (for continuous tasks *before* clipping, so that
-    ``log_prob`` refers to it); the environment received ``clip_action(spec, action)``.
-    ``obs[t]`` is the observation the action was taken in; after a step with ``boundary`` (or a
-    silent task reset) the next observation is already the fresh episode's first one.
-    """
-
-    obs: jax.Array  # [T, N, *obs_shape] float32
-    action: jax.Array  # [T, N] int32 (discrete) or [T, N, act_dim] float32 (continuous)
-    log_prob: jax.Array  # [T, N] log-prob of ``action`` under the behaviour policy
-    value: jax.Array  # [T, N] value estimate of ``obs``
-    boundary: jax.Array  # [T, N] bool, fixed-horizon episode ended with this step
-    true_reward: jax.Array  # [T, N] task reward incl. terminal penalty (oracle / metrics only)
-    terminated: jax.Array  # [T, N] bool, underlying task terminated (oracle / metrics only)
-    raw_reward: jax.Array  # [T, N] unmodified task reward (metrics only)
-    valid: jax.Array  # [T, N] bool, False on envpool's deferred-reset steps (action ignored)
-    render: jax.Array  # [T, N, R] extra per-step data for rendering clips (R may be 0)
-    last_obs: jax.Array  # [N, *obs_shape] observation after the last step
-    last_value: jax.Array  # [N] value estimate of ``last_obs`` (for bootstrapping)
-
-
-def clip_action(spec: EnvSpec, action: jax.Array) -> jax.Array:
-    """The action the environment receives: continuous actions clipped to the bounds."""
-    if spec.discrete:
-        return action
-    low = jnp.asarray(spec.action_low, jnp.float32)
-    high = jnp.asarray(spec.action_high, jnp.float32)
-    return jnp.clip(action, low, high)
-
+from rlhp_jax.core import EnvSpec, PolicyFn, Rollout, VecEnv, clip_action
 
 def uniform_random_policy(spec: EnvSpec) -> PolicyFn:
     """A policy that ignores its parameters: uniform discrete actions, or uniform in [-1, 1] per

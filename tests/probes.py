@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from rlhp_jax.envs import EnvSpec, StepOut
+from rlhp_jax.core import EnvSpec, StepOut
 
 
 class ProbeEnv:

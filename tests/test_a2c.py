@@ -13,8 +13,8 @@ from conftest import fast_jit
 from probes import ProbeEnv, probe_training
 
 from rlhp_jax.agents.a2c import A2C, A2CConfig, preset
-from rlhp_jax.envs import EnvSpec
-from rlhp_jax.rollout import Rollout
+from rlhp_jax.core import EnvSpec
+from rlhp_jax.core import Rollout
 
 # A tiny config: few envs, a small MLP, a large constant lr (the probe rewards have no future).
 TINY = A2CConfig(num_envs=4, num_steps=8, gamma=0.5, lr=1e-2, lr_decay_steps=None, hidden_sizes=(16,))

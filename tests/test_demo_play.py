@@ -24,7 +24,8 @@ import pytest
 
 from rlhp_jax import demos as demos_lib
 from rlhp_jax.envpool_envs import ATARI_GAMES, EnvpoolVecEnv
-from rlhp_jax.envs import EnvSpec, StepOut, make_env
+from rlhp_jax.envs import make_env
+from rlhp_jax.core import EnvSpec, StepOut
 from rlhp_jax.human import play
 from rlhp_jax.human.__main__ import main
 from rlhp_jax.human.server import MAX_BODY, ServerThread

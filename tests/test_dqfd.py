@@ -30,7 +30,7 @@ from rlhp_jax.agents.dqfd import (
     linear_epsilon,
     n_step_return,
 )
-from rlhp_jax.envs import EnvSpec
+from rlhp_jax.core import EnvSpec
 
 GAMMA = 0.9
 B, N, A = 8, 3, 3

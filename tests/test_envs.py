@@ -109,7 +109,7 @@ def test_minatar_game_over_is_a_silent_reset_with_a_penalty():
 
 
 def test_reward_model_kind_follows_the_observation():
-    from rlhp_jax.envs import EnvSpec
+    from rlhp_jax.core import EnvSpec
     from rlhp_jax.reward_models import reward_model_spec_for
 
     spec = lambda shape: EnvSpec("x", shape, True, 4, None, None, 100, 0.0, 25, 1.0)

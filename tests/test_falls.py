@@ -6,7 +6,6 @@ One Hopper rollout of the untrained TRPO policy (8 envs x 1024 steps, 1.5 s clip
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # docs/DESIGN.md's layer table (module -> layer); experiments are layer 7
 LAYERS = {
-    "rlhp_jax": 7, "rlhp_jax.preferences": 1, "rlhp_jax.config_fields": 1,
+    "rlhp_jax": 7, "rlhp_jax.core": 0, "rlhp_jax.preferences": 1, "rlhp_jax.config_fields": 1,
     "rlhp_jax.reward_models": 2, "rlhp_jax.ensemble": 2, "rlhp_jax.agents": 2, "rlhp_jax.agents.common": 2,
     "rlhp_jax.agents.ppo": 2, "rlhp_jax.agents.a2c": 2, "rlhp_jax.agents.trpo": 2, "rlhp_jax.agents.dqfd": 2,
     "rlhp_jax.envs": 3, "rlhp_jax.envpool_envs": 3, "rlhp_jax.atari_masks": 3, "rlhp_jax.rollout": 3,
@@ -31,12 +31,8 @@ LAYERS = {
 }
 
 KNOWN_UPWARD = {  # (importer, imported): an inner layer reaching out
-    # agents take the environment's spec and rollouts: data types that belong below both
-    ("rlhp_jax.agents.a2c", "rlhp_jax.envs"), ("rlhp_jax.agents.a2c", "rlhp_jax.rollout"),
-    ("rlhp_jax.agents.common", "rlhp_jax.envs"), ("rlhp_jax.agents.common", "rlhp_jax.rollout"),
-    ("rlhp_jax.agents.dqfd", "rlhp_jax.envs"),
-    ("rlhp_jax.agents.ppo", "rlhp_jax.envs"), ("rlhp_jax.agents.ppo", "rlhp_jax.rollout"),
-    ("rlhp_jax.agents.trpo", "rlhp_jax.envs"), ("rlhp_jax.agents.trpo", "rlhp_jax.rollout"),
+    # agents.common.evaluate / random_reward_stats roll environments themselves
+    ("rlhp_jax.agents.common", "rlhp_jax.rollout"),
     ("rlhp_jax.ensemble", "rlhp_jax.labels"),  # the label buffer's type and weights
     # demos.policy_from_run loads a trained policy from a run directory
     ("rlhp_jax.demos", "rlhp_jax.config"), ("rlhp_jax.demos", "rlhp_jax.driver"),
@@ -44,7 +40,6 @@ KNOWN_UPWARD = {  # (importer, imported): an inner layer reaching out
 }
 
 KNOWN_CYCLES = {
-    frozenset({"rlhp_jax.envs", "rlhp_jax.envpool_envs"}),
     frozenset({"rlhp_jax.demos", "rlhp_jax.driver", "rlhp_jax.human.teacher", "rlhp_jax.ibarz", "rlhp_jax.replay",
                "rlhp_jax.runs"}),
 }

@@ -13,7 +13,8 @@ from rlhp_jax.agents.common import compute_gae, evaluate
 from rlhp_jax.agents.ppo import PPO, PPOConfig
 from probes import ProbeEnv, probe_training
 from rlhp_jax.envs import make_env
-from rlhp_jax.rollout import Rollout, collect_rollout
+from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.core import Rollout
 
 # A tiny config: compiles and trains in a few seconds on a 2-core CPU.
 TINY = PPOConfig(

@@ -250,7 +250,7 @@ def test_run_selects_by_the_members_own_preference_predictions():
     import lanes_check
     from rlhp_jax.loop import RunParts
     from rlhp_jax.preferences import preference_probability
-    from rlhp_jax.rollout import clip_action
+    from rlhp_jax.core import clip_action
 
     parts = RunParts(lanes_check.test_config())  # CartPole, 2 members, 10-step clips
     ens, seg_len = parts.ensemble, parts.seg_len

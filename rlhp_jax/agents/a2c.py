@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import optax
 
 from rlhp_jax.agents.common import ActorCriticAgent, AgentState, check_config, compute_gae, weighted_mean
-from rlhp_jax.envs import EnvSpec
-from rlhp_jax.rollout import Rollout
+from rlhp_jax.core import EnvSpec
+from rlhp_jax.core import Rollout
 
 
 @dataclasses.dataclass(frozen=True)

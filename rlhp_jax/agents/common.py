@@ -38,8 +38,9 @@ import numpy as np
 from flax import struct
 
 from rlhp_jax.config_fields import check_ranges, conform_fields, field_types
-from rlhp_jax.envs import EnvSpec, VecEnv
-from rlhp_jax.rollout import Rollout, clip_action, collect_rollout
+from rlhp_jax.core import EnvSpec, VecEnv
+from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.core import Rollout, clip_action
 
 LOG_2PI = math.log(2.0 * math.pi)
 # flax.linen's elementwise activations: what the ``activation`` field of an agent config may name

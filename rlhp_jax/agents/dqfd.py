@@ -41,7 +41,7 @@ import optax
 from flax import struct
 
 from rlhp_jax.agents.common import check_config, is_image
-from rlhp_jax.envs import EnvSpec
+from rlhp_jax.core import EnvSpec, weight_l2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +142,6 @@ def linear_epsilon(step, start: float, end: float, decay_steps: int):
     return start + frac * (end - start)
 
 
-def _weight_l2(params) -> jax.Array:
-    leaves = [p for p in jax.tree.leaves(params) if p.ndim > 1]
-    return sum(jnp.sum(jnp.square(p)) for p in leaves)
-
-
 class DQfD:
     """The agent: a config and a task -> pure functions over :class:`DQfDState`."""
 
@@ -214,7 +209,7 @@ class DQfD:
         is_demo = batch["is_demo"].astype(jnp.float32)
         margin = large_margin_loss(q_all[:, 0], action[:, 0], c.margin)
         j_e = jnp.sum(is_demo * margin) / jnp.maximum(jnp.sum(is_demo), 1.0)
-        j_l2 = _weight_l2(params)
+        j_l2 = weight_l2(params)
         total = c.td_weight * (j_dq + c.n_step_weight * j_n) + c.margin_weight * margin_on * j_e + c.l2_weight * j_l2
         expert_agree = jnp.sum(is_demo * (jnp.argmax(q_online[:, 0], -1) == action[:, 0])) \
             / jnp.maximum(jnp.sum(is_demo), 1.0)

@@ -7,7 +7,7 @@ The agent learns only from ``obs``, ``action``, ``boundary`` and a reward array 
 
 Discrete tasks use a categorical policy; continuous tasks a diagonal Gaussian with a
 state-independent log-std. Continuous samples are clipped to the action bounds only when sent
-to the environment (:func:`rlhp_jax.rollout.clip_action`); log-probs refer to the unclipped
+to the environment (:func:`rlhp_jax.core.clip_action`); log-probs refer to the unclipped
 sample.
 """
 
@@ -21,8 +21,8 @@ import optax
 
 from rlhp_jax.agents.common import (ActorCriticAgent, AgentState, check_config, check_minibatches, compute_gae,
                                     weighted_mean)
-from rlhp_jax.envs import EnvSpec
-from rlhp_jax.rollout import Rollout
+from rlhp_jax.core import EnvSpec
+from rlhp_jax.core import Rollout
 
 
 @dataclasses.dataclass(frozen=True)

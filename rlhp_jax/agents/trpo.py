@@ -53,8 +53,8 @@ from jax.flatten_util import ravel_pytree
 
 from rlhp_jax.agents.common import (ActorCriticAgent, AgentState, check_config, check_minibatches, compute_gae,
                                     weighted_mean)
-from rlhp_jax.envs import EnvSpec
-from rlhp_jax.rollout import Rollout
+from rlhp_jax.core import EnvSpec
+from rlhp_jax.core import Rollout
 
 
 @dataclasses.dataclass(frozen=True)

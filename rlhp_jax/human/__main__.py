@@ -76,7 +76,8 @@ def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
     from rlhp_jax.human.exchange import export_jsonl
     from rlhp_jax.human.store import LabelStore
     from rlhp_jax.human.teacher import HumanTeacher
-    from rlhp_jax.rollout import clip_action, collect_rollout, uniform_random_policy
+    from rlhp_jax.rollout import collect_rollout, uniform_random_policy
+    from rlhp_jax.core import clip_action
 
     out = Path(out)
     if (out / "queue.jsonl").exists():

@@ -1,0 +1,106 @@
+"""Plain data types every layer shares (layer 0): a task's static description, one batched
+environment step, a rollout, the environment and policy protocols, and the two small helpers
+that go with them.  No logic of the method lives here; see docs/DESIGN.md for the layers.
+
+The agent-facing rules of Christiano et al. 2017, appendix A, are in what these types carry: the
+agent learns only from ``obs``, ``action``, ``boundary`` and ``valid`` and a reward passed in
+beside the rollout; ``true_reward``, ``terminated``, ``raw_reward`` and ``render`` are for the
+synthetic oracle, the metrics and the clips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Static description of a task, as the agent, the reward model and the teacher need it."""
+
+    name: str
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    num_actions: int  # number of discrete actions, or the action dimension when continuous
+    action_low: tuple[float, ...] | None  # continuous bounds, None when discrete
+    action_high: tuple[float, ...] | None
+    horizon: int  # fixed episode length the agent experiences
+    terminal_penalty: float  # added to the true reward when the underlying task terminates
+    segment_length: int  # default clip length for queries (about 1.5 s of simulated time)
+    reward_std: float  # default std of the normalized predicted reward (Christiano A.1: 1)
+    on_terminate: str = "reset"  # "continue" (penalty per step out of range) or "reset" (penalty once)
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return () if self.discrete else (self.num_actions,)
+
+    @property
+    def action_dtype(self):
+        return jnp.int32 if self.discrete else jnp.float32
+
+
+class StepOut(NamedTuple):
+    """What one batched step returns. Leading axis: environments."""
+
+    obs: jax.Array  # observation after the step (after a silent or boundary reset)
+    true_reward: jax.Array  # task reward incl. terminal penalty: oracle and metrics only
+    terminated: jax.Array  # the task left its healthy range on this step (would have ended): oracle/metrics only
+    boundary: jax.Array  # fixed-horizon episode boundary: the only end the agent sees
+    raw_reward: jax.Array  # the unmodified task reward (no penalty), for evaluation
+    valid: jax.Array  # False on a step that is no real transition (envpool's deferred reset): never in a segment
+    render: jax.Array  # [num_envs, R] float32 extra per-step data a clip renderer needs (R may be 0)
+
+
+class VecEnv(Protocol):
+    spec: EnvSpec
+    num_envs: int
+
+    def reset(self, key: jax.Array) -> tuple[Any, jax.Array]: ...
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, StepOut]: ...
+
+
+# policy_fn(params, obs [N, *obs_shape], key) -> (action, log_prob [N], value [N])
+PolicyFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+class Rollout(NamedTuple):
+    """``num_steps`` steps of ``num_envs`` environments. Leading axes: [T, N].
+
+    ``action`` is the policy's sample as drawn (for continuous tasks *before* clipping, so that
+    ``log_prob`` refers to it); the environment received ``clip_action(spec, action)``.
+    ``obs[t]`` is the observation the action was taken in; after a step with ``boundary`` (or a
+    silent task reset) the next observation is already the fresh episode's first one.
+    """
+
+    obs: jax.Array  # [T, N, *obs_shape] float32
+    action: jax.Array  # [T, N] int32 (discrete) or [T, N, act_dim] float32 (continuous)
+    log_prob: jax.Array  # [T, N] log-prob of ``action`` under the behaviour policy
+    value: jax.Array  # [T, N] value estimate of ``obs``
+    boundary: jax.Array  # [T, N] bool, fixed-horizon episode ended with this step
+    true_reward: jax.Array  # [T, N] task reward incl. terminal penalty (oracle / metrics only)
+    terminated: jax.Array  # [T, N] bool, underlying task terminated (oracle / metrics only)
+    raw_reward: jax.Array  # [T, N] unmodified task reward (metrics only)
+    valid: jax.Array  # [T, N] bool, False on envpool's deferred-reset steps (action ignored)
+    render: jax.Array  # [T, N, R] extra per-step data for rendering clips (R may be 0)
+    last_obs: jax.Array  # [N, *obs_shape] observation after the last step
+    last_value: jax.Array  # [N] value estimate of ``last_obs`` (for bootstrapping)
+
+
+def clip_action(spec: EnvSpec, action: jax.Array) -> jax.Array:
+    """The action the environment receives: continuous actions clipped to the bounds."""
+    if spec.discrete:
+        return action
+    low = jnp.asarray(spec.action_low, jnp.float32)
+    high = jnp.asarray(spec.action_high, jnp.float32)
+    return jnp.clip(action, low, high)
+
+
+def weight_l2(params) -> jax.Array:
+    """Sum of squared weights of every kernel (matrices and conv filters; biases excluded): the
+    L2 penalty of the reward model (Christiano §2.2.3) and of DQfD (Hester et al., λ₃)."""
+    leaves = [p for p in jax.tree.leaves(params) if p.ndim > 1]
+    return sum(jnp.sum(jnp.square(p)) for p in leaves) if leaves else jnp.zeros(())
