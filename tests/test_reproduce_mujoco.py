@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments import mujoco_grid as mg
 from experiments import reproduce_mujoco as rm
 
 STEPS = 1000
@@ -20,7 +21,7 @@ STEPS = 1000
 def write_run(root: Path, task: str, labels: int | None, seed: int, *, steps: int = STEPS, returns=(1.0,),
               finished: bool = True, config_changes: dict | None = None) -> Path:
     """A run directory as experiments.mujoco leaves it (finished, or stopped before its summary)."""
-    out = rm.run_dir(root, task, labels, seed, steps)
+    out = mg.run_dir(root, task, labels, seed, steps)
     out.mkdir(parents=True)
     config = dict(expected(task, labels, seed, steps, root), out=str(out))
     config.update(config_changes or {})
@@ -35,7 +36,7 @@ def write_run(root: Path, task: str, labels: int | None, seed: int, *, steps: in
 
 def expected(task, labels, seed, steps, root) -> dict:
     """The whole config experiments.mujoco writes for that run (what the grid compares against)."""
-    return rm.expected_config(rm.Run(task, labels, seed, steps), root)
+    return mg.expected_config(mg.Run(task, labels, seed, steps), root)
 
 
 class FakeProc:
@@ -58,7 +59,7 @@ class FakeProc:
 
 
 class FakeLauncher:
-    """Stands in for ``rm.launch``: records each argv and writes the run it asks for.  A run whose
+    """Stands in for ``mg.launch``: records each argv and writes the run it asks for.  A run whose
     directory name is in ``fail`` exits 1 after writing only its config; returns per arm follow
     ``returns`` (labels -> list of true returns)."""
 
@@ -97,8 +98,8 @@ class FakeLauncher:
 def grid(tmp_path, monkeypatch):
     """(root, argv for main with everything under tmp_path, the fake launcher)."""
     fake = FakeLauncher()
-    monkeypatch.setattr(rm, "launch", fake)
-    monkeypatch.setattr(rm, "POLL_S", 0.0)
+    monkeypatch.setattr(mg, "launch", fake)
+    monkeypatch.setattr(mg, "POLL_S", 0.0)
     root = tmp_path / "runs"
     argv = ["--root", str(root), "--docs", str(tmp_path / "docs" / "results"),
             "--results-md", str(tmp_path / "docs" / "results.md"), "--steps", str(STEPS)]
@@ -137,9 +138,9 @@ def test_finished_run_is_skipped_started_run_resumed_missing_run_started(grid, c
     assert fake.calls[0] == ["--resume", str(started), "--no-progress"]
     fresh = fake.calls[1:]
     assert len(fresh) == 2 and not any(c[0] == "--resume" for c in fresh)
-    assert ["--env", "Hopper", "--seed", "1", "--steps", str(STEPS), "--out", str(rm.run_dir(root, "Hopper", 700, 1, STEPS)),
+    assert ["--env", "Hopper", "--seed", "1", "--steps", str(STEPS), "--out", str(mg.run_dir(root, "Hopper", 700, 1, STEPS)),
             "--labels", "700", "--no-progress"] in fresh
-    assert any("--baseline" in c and str(rm.run_dir(root, "Hopper", None, 1, STEPS)) in c for c in fresh)
+    assert any("--baseline" in c and str(mg.run_dir(root, "Hopper", None, 1, STEPS)) in c for c in fresh)
     out = capsys.readouterr().out
     assert "4 runs: 1 finished, 1 to resume, 2 to start" in out
 
@@ -156,7 +157,7 @@ def test_progress_line_after_each_run(grid, capsys):
 
 def test_incomplete_directory_is_moved_aside_not_deleted(grid):
     root, argv, fake = grid
-    broken = rm.run_dir(root, "Hopper", 700, 0, STEPS)
+    broken = mg.run_dir(root, "Hopper", 700, 0, STEPS)
     (broken / "checkpoints").mkdir(parents=True)
     (broken / "config.json").write_text('{"env": "Hop')  # killed while writing it
     assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 0
@@ -189,20 +190,20 @@ def test_baseline_config_keeps_its_unused_label_count_without_mismatch(grid):
 
 def test_failed_run_is_reported_and_the_others_still_run(grid, capsys):
     root, argv, fake = grid
-    fake.fail = {rm.run_dir(root, "Hopper", None, 0, STEPS).name}
+    fake.fail = {mg.run_dir(root, "Hopper", None, 0, STEPS).name}
     assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1"]) == 1
     captured = capsys.readouterr()
-    log = rm.Run("Hopper", None, 0, STEPS).log_path(root)
+    log = mg.Run("Hopper", None, 0, STEPS).log_path(root)
     assert f"Hopper baseline seed 0: FAILED (exit 1); log: {log}" in captured.out
     assert str(log) in captured.err
     assert len(fake.calls) == 4
     for task, labels in [("Hopper", 700), ("Swimmer", 700), ("Swimmer", None)]:
-        assert (rm.run_dir(root, task, labels, 0, STEPS) / "summary.json").exists()
+        assert (mg.run_dir(root, task, labels, 0, STEPS) / "summary.json").exists()
     # the next invocation resumes the failed run and skips the others
     fake.fail = set()
     fake.calls.clear()
     assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1"]) == 0
-    assert fake.calls == [["--resume", str(rm.run_dir(root, "Hopper", None, 0, STEPS)), "--no-progress"]]
+    assert fake.calls == [["--resume", str(mg.run_dir(root, "Hopper", None, 0, STEPS)), "--no-progress"]]
 
 
 def test_jobs_runs_that_many_at_once(grid, monkeypatch):
@@ -217,7 +218,7 @@ def test_jobs_runs_that_many_at_once(grid, monkeypatch):
         peak[0] = max(peak[0], sum(1 for p in running if p.delay > 0))
         return proc
 
-    monkeypatch.setattr(rm, "launch", counting)
+    monkeypatch.setattr(mg, "launch", counting)
     assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "2", "--jobs", "3"]) == 0
     assert len(running) == 8 and peak[0] == 3
 
@@ -226,7 +227,7 @@ def test_dry_run_runs_nothing_and_moves_nothing(grid, capsys):
     root, argv, fake = grid
     write_run(root, "Hopper", 700, 0)
     write_run(root, "Hopper", None, 0, finished=False)
-    broken = rm.run_dir(root, "Swimmer", 700, 0, STEPS)
+    broken = mg.run_dir(root, "Swimmer", 700, 0, STEPS)
     (broken / "checkpoints").mkdir(parents=True)
     before = sorted(p.name for p in root.iterdir())
     assert rm.main(argv + ["--tasks", "Hopper", "Swimmer", "--seeds", "1", "--dry-run"]) == 0
@@ -245,10 +246,10 @@ def test_meets_target_for_positive_and_nonpositive_rl(learned, rl, ok):
 
 def test_final_return_is_the_mean_of_the_last_five_rows():
     rows = [{"true_return": v} for v in [100.0, 1.0, 2.0, 3.0, 4.0, 5.0]]
-    assert rm.final_return(rows) == 3.0
-    assert rm.final_return(rows[-2:]) == 4.5
-    assert rm.final_return([{"true_return": None}, {"true_return": 7.0}]) == 7.0
-    assert rm.final_return([]) is None
+    assert mg.final_return(rows) == 3.0
+    assert mg.final_return(rows[-2:]) == 4.5
+    assert mg.final_return([{"true_return": None}, {"true_return": 7.0}]) == 7.0
+    assert mg.final_return([]) is None
 
 
 def test_results_section_is_replaced_between_markers_and_nothing_else_changes(tmp_path):
@@ -277,7 +278,7 @@ def test_results_section_refuses_broken_markers(tmp_path):
     md = tmp_path / "results.md"
     text = f"a\n{rm.TABLE_END}\nb\n{rm.TABLE_BEGIN}\n"
     md.write_text(text)
-    with pytest.raises(rm.GridError, match="markers"):
+    with pytest.raises(mg.GridError, match="markers"):
         rm.write_results_section(md, "x")
     assert md.read_text() == text
 
@@ -342,7 +343,7 @@ def test_seed_curves_smooth_over_five_points_and_cut_to_the_common_prefix(tmp_pa
 def test_launch_starts_experiments_mujoco_with_its_output_in_the_log(tmp_path):
     """The real seam, with flags experiments.mujoco refuses at once (no run, no compile)."""
     log = tmp_path / "runs" / "x.log"
-    proc = rm.launch(["--env", "NoSuchTask", "--no-progress"], log)
+    proc = mg.launch(["--env", "NoSuchTask", "--no-progress"], log)
     assert proc.wait(timeout=120) == 2
     text = log.read_text()
     assert "$ python -m experiments.mujoco --env NoSuchTask --no-progress" in text
@@ -353,9 +354,9 @@ def test_runs_of_another_step_budget_live_in_their_own_directory(tmp_path):
     """A finished 1,000-step run neither blocks nor counts for a 2,000-step grid of the same cell."""
     root = tmp_path / "runs"
     write_run(root, "Hopper", 700, 0, returns=(5.0,))
-    short, long = rm.Run("Hopper", 700, 0, STEPS), rm.Run("Hopper", 700, 0, 2 * STEPS)
+    short, long = mg.Run("Hopper", 700, 0, STEPS), mg.Run("Hopper", 700, 0, 2 * STEPS)
     assert short.directory(root) != long.directory(root)
     assert short.directory(root).name == "Hopper-700labels-1k-seed0"
-    assert rm.run_state(short, root) == "finished" and rm.run_state(long, root) == "start"
+    assert mg.run_state(short, root) == "finished" and mg.run_state(long, root) == "start"
     assert rm.finished_finals(root, "Hopper", 700, [0], STEPS) == [5.0]
     assert rm.finished_finals(root, "Hopper", 700, [0], 2 * STEPS) == []

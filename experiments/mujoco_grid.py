@@ -1,0 +1,240 @@
+"""The run grid behind ``python -m experiments.reproduce_mujoco``: one ``experiments.mujoco`` run
+per task x arm x seed x step budget, in ``ROOT/TASK-TAG-STEPS-seedS``; what state each is in
+(finished, to resume, to restart, to start), refusing a directory that holds another run; and
+running them as subprocesses, ``--jobs`` at a time.  The figure and the table are
+:mod:`experiments.reproduce_mujoco`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from experiments import mujoco
+from rlhp_jax.metrics import read_jsonl
+
+POLL_S = 1.0  # seconds between checks on running subprocesses
+FINAL_ROWS = 5  # a run's final true return: the mean of its last 5 metrics rows
+
+
+class GridError(ValueError):
+    """The grid cannot run as asked (a run directory holds another configuration, bad flags)."""
+
+
+# ------------------------------------------------------------------ the grid
+def arm_tag(labels: int | None) -> str:
+    """``700labels`` for a label budget, ``baseline`` for RL on the true reward (None)."""
+    return "baseline" if labels is None else f"{labels}labels"
+
+
+def run_dir(root: Path, task: str, labels: int | None, seed: int, steps: int) -> Path:
+    """``ROOT/TASK-TAG-STEPS-seedS`` (STEPS as ``1M``, ``200k``): where one run of the grid lives.
+    The budget is in the name so that runs of another budget stay where they are."""
+    return Path(root) / f"{task}-{arm_tag(labels)}-{steps_label(steps)}-seed{seed}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One cell of the grid: a task, an arm (a label budget, or None for RL on the true reward),
+    a seed and a step budget."""
+
+    task: str
+    labels: int | None
+    seed: int
+    steps: int
+
+    @property
+    def tag(self) -> str:
+        return arm_tag(self.labels)
+
+    def directory(self, root: Path) -> Path:
+        return run_dir(root, self.task, self.labels, self.seed, self.steps)
+
+    def log_path(self, root: Path) -> Path:
+        """Beside the run directory, so moving an incomplete directory aside keeps the log."""
+        directory = self.directory(root)
+        return directory.with_name(directory.name + ".log")
+
+    def fresh_argv(self, root: Path) -> list[str]:
+        """``experiments.mujoco`` flags that start this run in its directory."""
+        argv = ["--env", self.task, "--seed", str(self.seed), "--steps", str(self.steps),
+                "--out", str(self.directory(root))]
+        return argv + (["--baseline"] if self.labels is None else ["--labels", str(self.labels)])
+
+
+def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> list[Run]:
+    """Every run of the figure, seed by seed so that an interrupted grid covers every task."""
+    arms = [*label_budgets, None]
+    return [Run(task, labels, seed, steps_for(task)) for seed in seeds for task in tasks for labels in arms]
+
+
+def expected_config(run: Run, root: Path) -> dict:
+    """The ``config.json`` that ``experiments.mujoco`` would write for this run today — every
+    setting, the code's defaults included — without its output path."""
+    from experiments.cli import build_parser, config_from_args
+    from rlhp_jax.config import config_to_json
+
+    args = build_parser(mujoco.DOMAIN).parse_args(run.fresh_argv(root))
+    return {k: v for k, v in config_to_json(config_from_args(args, mujoco.DOMAIN)).items() if k != "out"}
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def config_mismatches(run: Run, config: dict, root: Path) -> list[str]:
+    """How a run directory's ``config.json`` differs from the run asked for with today's settings:
+    any field (a preset that changed since the run was made is a mismatch too), except the output
+    path and, for the true-reward arm, the label budget it never uses."""
+    want = expected_config(run, root)
+    if run.labels is None:
+        want.pop("labels", None)
+    return [f"{key} is {_short(config.get(key))}, asked for {_short(value)}" for key, value in want.items()
+            if config.get(key) != value]
+
+
+def _read_config(directory: Path) -> dict | None:
+    """``config.json`` as a dict, or None when it is missing or not a JSON object (a run killed
+    while writing it)."""
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def run_state(run: Run, root: Path) -> str:
+    """What to do with a run: ``finished`` (skip), ``resume``, ``restart`` (an incomplete
+    directory to move aside first) or ``start``.  Raises :class:`GridError` when the directory
+    holds a run of another configuration, naming the directory and each difference."""
+    directory = run.directory(root)
+    if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
+        return "start"
+    config = _read_config(directory)
+    finished = (directory / "summary.json").exists()
+    if config is None:
+        if finished:
+            raise GridError(f"{directory} has a summary.json but no readable config.json: it was not written by "
+                            "experiments.mujoco; move it away or use another --root")
+        return "restart"
+    problems = config_mismatches(run, config, root)
+    if problems:
+        raise GridError(f"{directory} holds another run than the one asked for: {'; '.join(problems)}. "
+                        "Use another --root, or flags that match that run (e.g. its --steps).")
+    return "finished" if finished else "resume"
+
+
+def plan(runs: list[Run], root: Path) -> dict[Run, str]:
+    """Each run's state (:func:`run_state`), checked for every run before any starts."""
+    return {run: run_state(run, root) for run in runs}
+
+
+def describe_plan(states: dict[Run, str], root: Path) -> str:
+    """The plan as printed before the grid starts (and by --dry-run)."""
+    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "resume", "restart", "start")}
+    lines = [f"{len(states)} runs: {counts['finished']} finished, {counts['resume']} to resume, "
+             f"{counts['start'] + counts['restart']} to start"
+             + (f" ({counts['restart']} of them after moving an incomplete directory aside)" if counts["restart"] else "")]
+    lines += [f"  {state:<9} {run.directory(root)}" for run, state in states.items()]
+    return "\n".join(lines)
+
+
+def move_aside(directory: Path) -> Path:
+    """Rename an incomplete run directory to ``DIR.incomplete-<timestamp>`` (never deletes)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = directory.with_name(f"{directory.name}.incomplete-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = directory.with_name(f"{directory.name}.incomplete-{stamp}-{n}")
+    directory.rename(target)
+    return target
+
+
+# ------------------------------------------------------------------ running
+def launch(argv: list[str], log_path: Path):
+    """Start ``python -m experiments.mujoco ARGV`` as a subprocess (its own memory, its own JAX),
+    stdout and stderr appended to ``log_path``; returns the ``subprocess.Popen``.  The one seam
+    through which this module runs anything (the tests replace it)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(f"\n$ python -m experiments.mujoco {' '.join(argv)}\n".encode())
+        log.flush()
+        return subprocess.Popen([sys.executable, "-m", "experiments.mujoco", *argv], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def argv_for(run: Run, state: str, root: Path) -> list[str]:
+    """The ``experiments.mujoco`` command line for a run in ``state`` (resume or start)."""
+    argv = ["--resume", str(run.directory(root))] if state == "resume" else run.fresh_argv(root)
+    return argv + ["--no-progress"]
+
+
+def final_return(rows: list[dict]) -> float | None:
+    """A run's final true return: the mean ``true_return`` of its last :data:`FINAL_ROWS` metrics
+    rows (one row is one iteration's training batch, noisy on its own); None without any."""
+    values = [r["true_return"] for r in rows if r.get("true_return") is not None]
+    return float(np.mean(values[-FINAL_ROWS:])) if values else None
+
+
+def run_metrics(directory: Path) -> list[dict]:
+    path = directory / "metrics.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else (f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}")
+
+
+def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[str], None] = print) -> list[Run]:
+    """Run each (run, state) with at most ``jobs`` subprocesses at once, printing a progress line
+    as each one ends; returns the runs that failed.  Runs still going when this is interrupted
+    are terminated."""
+    pending, active, walls, failed = deque(todo), {}, [], []
+    total, done = len(todo), 0
+    try:
+        while pending or active:
+            while pending and len(active) < jobs:
+                run, state = pending.popleft()
+                if state == "restart":
+                    log(f"moved incomplete {run.directory(root)} aside to {move_aside(run.directory(root))}")
+                active[run] = (launch(argv_for(run, state, root), run.log_path(root)), time.monotonic())
+            polled = [(run, proc.poll(), start) for run, (proc, start) in active.items()]
+            ended = [(run, rc, start) for run, rc, start in polled if rc is not None]
+            for run, rc, start in ended:
+                del active[run]
+                done += 1
+                wall = time.monotonic() - start
+                walls.append(wall)
+                left = np.mean(walls) * (total - done) / jobs / 60
+                head = f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}"
+                if rc != 0:
+                    failed.append(run)
+                    log(f"{head}: FAILED (exit {rc}); log: {run.log_path(root)}; about {left:.0f} min left")
+                else:
+                    log(f"{head}: final true return {_fmt(final_return(run_metrics(run.directory(root))))} "
+                        f"(wall {wall:.0f} s); about {left:.0f} min left")
+            if not ended:
+                time.sleep(POLL_S)
+    finally:
+        for proc, _ in active.values():  # interrupted: stop the runs this call started
+            proc.terminate()
+            proc.wait()
+    return failed
+
+
+def steps_label(x, _pos=None) -> str:
+    """Tick text for environment steps: 0, 250k, 1M, 1.5M."""
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:g}M"
+    return f"{x / 1e3:g}k" if abs(x) >= 1e3 else f"{x:g}"
