@@ -280,7 +280,7 @@ class PreferenceRun:
             t0 = time.perf_counter()
             agent_state, env_state, obs, rollout, rewards, member_r, agent_m = self._iteration(
                 agent_state, env_state, obs, ens_state, reward_scale, k_it)
-            jax.block_until_ready(rewards)
+            jax.block_until_ready((rewards, agent_state))  # the update too: its time is the agent's
             t1 = time.perf_counter()
             env_steps = it * self.steps_per_iter
             row: dict[str, Any] = {"iteration": it, "env_steps": env_steps}
@@ -322,10 +322,12 @@ class PreferenceRun:
                     row["val_accuracy"] = nanmean_or_none(ev["val_accuracy"])
                     row["rm_val_loss"] = nanmean_or_none(ev["val_loss"])
                 row["reward_correlation"] = finite_or_none(self._correlation(rollout, rewards, k_corr))
-                if self.parts.has_falls:  # its own key: every other draw stays as it was
+                # with the validation (sampling 10x candidates costs about as much as an agent update);
+                # its own key: every other draw stays as it was
+                if self.parts.has_falls and (evaluate_now or it == 1):
                     falls = self._falls(rollout, rewards, member_r, jax.random.fold_in(k_corr, 1))
                     row.update({f"fall_{k}": finite_or_none(v) for k, v in falls.items()})
-                row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2)
+                row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2, time_diagnostics_s=time.perf_counter() - t3)
             episodes, episode_return = tracker.update(rollout.raw_reward, self.parts.episode_ends(rollout),
                                                       rollout.valid)
             row.update(
