@@ -49,9 +49,9 @@ def ibarz_settings(args, env: str) -> dict:
 
 
 def _tasks():
-    from rlhp_jax.envpool_envs import ATARI_GAMES
+    from rlhp_jax import tasks
 
-    return sorted(ATARI_GAMES)
+    return tasks.names("atari")
 
 
 DOMAIN = Domain(prog="python -m experiments.atari", doc=__doc__, tasks=_tasks, default_env="Pong",

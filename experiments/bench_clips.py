@@ -24,17 +24,17 @@ import time
 
 import numpy as np
 
-from rlhp_jax import clips
+from rlhp_jax import clips, tasks
 
 
 def _mujoco_states(task: str, steps: int, seed: int = 0):
     import envpool
 
-    spec = clips.MUJOCO_RENDER_TASKS[task]
+    env_id = tasks.resolve(task).envpool_id
     kwargs = {}
-    if "terminate_when_unhealthy" in envpool.make_spec(spec.env_id).config._fields:
+    if "terminate_when_unhealthy" in envpool.make_spec(env_id).config._fields:
         kwargs["terminate_when_unhealthy"] = False
-    env = envpool.make(spec.env_id, env_type="gymnasium", num_envs=1, seed=seed, **kwargs)
+    env = envpool.make(env_id, env_type="gymnasium", num_envs=1, seed=seed, **kwargs)
     rng = np.random.default_rng(seed)
     obs, info = env.reset()
     rec_obs, rec_x = [obs[0]], [info["x_position"][0]]
@@ -52,12 +52,12 @@ def bench_atari(tmpdir: str, repeats: int) -> dict:
         t0 = time.perf_counter()
         frames = clips.atari_clip_frames(obs, scale=4)
         t1 = time.perf_counter()
-        clips.encode_mp4(frames, os.path.join(tmpdir, f"atari{i}.mp4"), clips.ATARI_FPS)
+        clips.encode_mp4(frames, os.path.join(tmpdir, f"atari{i}.mp4"), tasks.TASKS["Pong"].fps)
         t2 = time.perf_counter()
         render.append(t1 - t0)
         encode.append(t2 - t1)
     size = os.path.getsize(os.path.join(tmpdir, "atari0.mp4"))
-    return dict(clip="Atari 25 steps 336x336", frames=25, fps=clips.ATARI_FPS, setup_s=0.0,
+    return dict(clip="Atari 25 steps 336x336", frames=25, fps=tasks.TASKS["Pong"].fps, setup_s=0.0,
                 render_s=min(render), encode_s=min(encode), bytes=size)
 
 

@@ -84,8 +84,9 @@ from experiments.bench_ensemble import bench as bench_reward_fit
 from experiments.bench_pipeline import best_time
 from rlhp_jax.agents import default_config, make_agent
 from rlhp_jax.ensemble import resolve_member_axis
-from rlhp_jax.envs import gymnax_envs, make_env
+from rlhp_jax.envs import make_env
 from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.tasks import resolve as resolve_task
 
 # ------------------------------------------------------------------------------------ sizes
 # env: task -> (env counts, env counts with --quick); batched steps per timing (full, quick)
@@ -227,7 +228,7 @@ def _env_rate(task: str, num_envs: int, steps: int, repeats: int) -> dict:
     env = make_env(task, num_envs)
     with _bench_envs_repeats(repeats):
         seconds = bench_envs.wrapper(_KeyedReset(env, jax.random.PRNGKey(0)), steps)
-    library = "gymnax" if task in gymnax_envs() else "envpool"
+    library = "gymnax" if resolve_task(task).backend == "gymnax" else "envpool"
     return dict(value=steps * num_envs / seconds, unit="env steps/s", task=task, library=library,
                 num_envs=num_envs, steps=steps, seconds=seconds)
 

@@ -41,9 +41,9 @@ def ibarz_settings(args, env: str) -> dict:
 
 
 def _tasks():
-    from rlhp_jax.envs import gymnax_envs
+    from rlhp_jax import tasks
 
-    return gymnax_envs()
+    return tasks.names("gymnax")
 
 
 DOMAIN = Domain(prog="python -m experiments.classic", doc=__doc__, tasks=_tasks, default_env="CartPole-v1",

@@ -135,9 +135,9 @@ def loss_plot(run_dir: str) -> dict:
 
 # ---------------------------------------------------------------------------- label noise
 def _domain_for(env: str):
-    from rlhp_jax.envs import gymnax_envs
+    from rlhp_jax import tasks
 
-    if env in gymnax_envs():
+    if env in tasks.names("gymnax"):
         from experiments.classic import DOMAIN
     else:
         from experiments.atari import DOMAIN

@@ -53,9 +53,9 @@ def settings(args, env: str) -> dict:
 
 
 def _tasks():
-    from rlhp_jax.envpool_envs import MUJOCO_TASKS
+    from rlhp_jax import tasks
 
-    return sorted(MUJOCO_TASKS)
+    return tasks.names("mujoco")
 
 
 DOMAIN = Domain(prog="python -m experiments.mujoco", doc=__doc__, tasks=_tasks, default_env="HalfCheetah",

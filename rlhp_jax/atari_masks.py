@@ -16,9 +16,9 @@ PrivateEye).  Beyond the two extras A.2 names, only the score area is masked (co
 BeamRider's sector number, printed under its score, as part of it): lives, timers,
 oxygen/power bars and inventories stay visible.
 
-``MASKS`` lists, per game, the rectangles to blank.  Keys are game names as they appear in
-envpool task ids (``"Pong"`` for ``"Pong-v5"``); every function here also accepts the task id
-itself.
+``MASKS`` lists, per game, the rectangles to blank.  Keys are the games' names in
+``tasks.TASKS`` (``"Pong"`` for ``"Pong-v5"``); every function here also accepts the task id
+itself, and nothing looser (``game_name``: a mask is never applied to a game it was not drawn for).
 
 Coordinates
 -----------

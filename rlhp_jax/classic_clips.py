@@ -2,11 +2,11 @@
 
 gymnax has no renderer the project can use, so the frames are drawn here from the
 observations alone, with plain numpy (no jax, no new dependencies).  The frames go to
-``rlhp_jax.clips.encode_mp4`` like the Atari and MuJoCo ones, played at
-``CLASSIC_FPS[env_name]`` (real time)::
+``rlhp_jax.clips.encode_mp4`` like the Atari and MuJoCo ones, played at the task's ``fps``
+(real time; ``tasks.TASKS``)::
 
     frames = classic_clip_frames("CartPole-v1", obs)            # [T, 256, 256, 3] uint8
-    encode_mp4(frames, "clip.mp4", CLASSIC_FPS["CartPole-v1"])
+    encode_mp4(frames, "clip.mp4", tasks.TASKS["CartPole-v1"].fps)
 
 What is drawn (the observation layouts are gymnax 1.0.1's ``get_obs``; conventions as gym's
 own renderers, y up):
@@ -26,10 +26,10 @@ MountainCarContinuous-v0  ``[position, velocity]``
   The hill ``y = 0.45 sin(3x) + 0.55`` for x in [-1.2, 0.6], the red goal flag at x = 0.45,
   and the car on the curve, tilted with the slope.
 MinAtar (Asterix, Breakout, Freeway, Seaquest, SpaceInvaders)  ``[10, 10, C]``
-  One channel per object type (``MINATAR_CHANNELS`` names them and gives each its colour),
-  row 0 at the top.  Cells are scaled up with nearest neighbour onto a dark board with 1-pixel
-  gaps between cells; where channels overlap, the later channel is drawn over the earlier
-  (as MinAtar's own display does).
+  One channel per object type (the task's ``minatar_channels`` name them and give each its
+  colour; the play page uses the same colours, ``minatar_cells``), row 0 at the top.  Cells are
+  scaled up with nearest neighbour onto a dark board with 1-pixel gaps between cells; where
+  channels overlap, the later channel is drawn over the earlier (as MinAtar's own display does).
 
 Speed: a primitive (capsule, disc, convex polygon) is rasterised with a distance / half-plane
 mask over its bounding box only, and the static parts (track, hill, flag, goal line) are drawn
@@ -43,75 +43,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CLASSIC_FPS", "CLASSIC_OBS_SHAPES", "MINATAR_CHANNELS", "classic_clip_frames"]
+from rlhp_jax import tasks
 
-# Real-time playback rates: 1 / (the task's time step).
-CLASSIC_FPS: dict[str, float] = {
-    "CartPole-v1": 50.0,  # tau = 0.02 s
-    "Pendulum-v1": 20.0,  # dt = 0.05 s
-    "Acrobot-v1": 5.0,  # dt = 0.2 s
-    "MountainCarContinuous-v0": 30.0,  # no time step in the model; gym renders at 30 fps
-    "Asterix-MinAtar": 10.0,
-    "Breakout-MinAtar": 10.0,
-    "Freeway-MinAtar": 10.0,
-    "Seaquest-MinAtar": 10.0,
-    "SpaceInvaders-MinAtar": 10.0,
-}
+__all__ = ["MIN_CLIP_SIZE", "classic_clip_frames", "minatar_cells"]
 
-RGB = tuple[int, int, int]
-
-# MinAtar channels in observation order: (object type, colour).  The names are MinAtar's.
-MINATAR_CHANNELS: dict[str, tuple[tuple[str, RGB], ...]] = {
-    "Asterix-MinAtar": (
-        ("player", (0, 200, 255)),
-        ("enemy", (235, 64, 52)),
-        ("trail", (110, 110, 150)),
-        ("gold", (255, 200, 0)),
-    ),
-    "Breakout-MinAtar": (
-        ("paddle", (0, 200, 255)),
-        ("ball", (255, 255, 255)),
-        ("trail", (110, 110, 150)),
-        ("brick", (235, 110, 52)),
-    ),
-    "Freeway-MinAtar": (
-        ("chicken", (255, 220, 0)),
-        ("car", (235, 64, 52)),
-        ("speed1", (70, 90, 170)),
-        ("speed2", (80, 130, 210)),
-        ("speed3", (90, 170, 240)),
-        ("speed4", (90, 205, 205)),
-        ("speed5", (120, 225, 150)),
-    ),
-    "Seaquest-MinAtar": (
-        ("sub_front", (255, 220, 0)),
-        ("sub_back", (190, 150, 0)),
-        ("friendly_bullet", (255, 255, 255)),
-        ("trail", (110, 110, 150)),
-        ("enemy_bullet", (255, 130, 130)),
-        ("enemy_fish", (235, 64, 52)),
-        ("enemy_sub", (190, 90, 255)),
-        ("oxygen_gauge", (0, 200, 255)),
-        ("diver_gauge", (60, 200, 90)),
-        ("diver", (170, 255, 140)),
-    ),
-    "SpaceInvaders-MinAtar": (
-        ("cannon", (0, 200, 255)),
-        ("alien", (60, 200, 90)),
-        ("alien_left", (150, 220, 50)),
-        ("alien_right", (40, 190, 170)),
-        ("friendly_bullet", (255, 255, 255)),
-        ("enemy_bullet", (235, 64, 52)),
-    ),
-}
-
-CLASSIC_OBS_SHAPES: dict[str, tuple[int, ...]] = {
-    "CartPole-v1": (4,),
-    "Pendulum-v1": (3,),
-    "Acrobot-v1": (6,),
-    "MountainCarContinuous-v0": (2,),
-    **{name: (10, 10, len(channels)) for name, channels in MINATAR_CHANNELS.items()},
-}
+RGB = tasks.RGB
 
 MIN_CLIP_SIZE = 32
 
@@ -395,12 +331,19 @@ def _minatar_maps(size: int) -> tuple[np.ndarray, np.ndarray]:
     return _frozen(idx), _frozen(gap)
 
 
-def _minatar_frames(env_name: str, obs: np.ndarray, size: int) -> np.ndarray:
-    t = obs.shape[0]
-    cells = np.empty((t, 10, 10, 3), np.uint8)
+def minatar_cells(env_name: str, obs: Any) -> np.ndarray:
+    """A MinAtar game's observations ``[T, 10, 10, C]`` -> one colour per cell ``[T, 10, 10, 3]``
+    uint8: the dark board, each channel in its colour, later channels over earlier ones."""
+    obs = np.asarray(obs)
+    cells = np.empty((*obs.shape[:-1], 3), np.uint8)
     cells[:] = _MA_BOARD
-    for c, (_, color) in enumerate(MINATAR_CHANNELS[env_name]):
+    for c, (_, color) in enumerate(tasks.TASKS[env_name].minatar_channels):
         cells[obs[..., c] > 0.5] = color
+    return cells
+
+
+def _minatar_frames(env_name: str, obs: np.ndarray, size: int) -> np.ndarray:
+    cells = minatar_cells(env_name, obs)
     idx, gap = _minatar_maps(size)
     frames = cells.take(idx, axis=1).take(idx, axis=2)  # nearest neighbour; C-contiguous
     frames[:, gap] = _MA_GAP
@@ -419,21 +362,23 @@ _CLASSIC = {
 
 def classic_clip_frames(env_name: str, obs: Any, size: int = 256) -> np.ndarray:
     """Frames of a gymnax task's clip: observations ``[T, *obs_shape]`` -> ``[T, size, size, 3]``
-    RGB uint8, for ``rlhp_jax.clips.encode_mp4`` at ``CLASSIC_FPS[env_name]``.
+    RGB uint8, for ``rlhp_jax.clips.encode_mp4`` at the task's ``fps``.
 
-    ``obs`` are the observations the environment wrapper returns (``CLASSIC_OBS_SHAPES``; the
-    module docstring says what each task's frames show).  ``size`` must be even (H.264's
-    yuv420p) and at least 32.  Raises ``ValueError`` for an unknown task, a bad size, or
-    observations of the wrong shape, type or with non-finite values.
+    ``env_name`` is a gymnax task's name (``tasks.TASKS``); ``obs`` are the observations the
+    environment wrapper returns (the task's ``obs_shape``; the module docstring says what each
+    task's frames show).  ``size`` must be even (H.264's yuv420p) and at least 32.  Raises
+    ``ValueError`` for an unknown task, a bad size, or observations of the wrong shape, type or
+    with non-finite values.
     """
-    if env_name not in CLASSIC_OBS_SHAPES:
+    task = tasks.TASKS.get(env_name)
+    if task is None or task.backend != "gymnax":
         raise ValueError(f"no classic clip renderer for {env_name!r}; supported: "
-                         f"{', '.join(CLASSIC_OBS_SHAPES)}")
+                         f"{', '.join(tasks.names('gymnax'))}")
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < MIN_CLIP_SIZE \
             or size % 2:
         raise ValueError(f"size must be an even integer >= {MIN_CLIP_SIZE}, got {size!r}")
     size = int(size)
-    expected = CLASSIC_OBS_SHAPES[env_name]
+    expected = task.obs_shape
     obs = np.asarray(obs)
     if obs.ndim != 1 + len(expected) or obs.shape[1:] != expected:
         hint = " (a single observation? pass obs[None])" if obs.shape == expected else ""
@@ -448,7 +393,7 @@ def classic_clip_frames(env_name: str, obs: Any, size: int = 256) -> np.ndarray:
     if not np.isfinite(obs).all():
         raise ValueError(f"{env_name}: observations contain non-finite values (NaN or inf)")
 
-    if env_name in MINATAR_CHANNELS:
+    if task.minatar_channels:
         return _minatar_frames(env_name, obs, size)
     background, draw = _CLASSIC[env_name]
     frames = np.empty((obs.shape[0], size, size, 3), np.uint8)

@@ -20,10 +20,11 @@ MuJoCo
   ``MujocoRenderer`` rebuilds each step's ``qpos`` from the observation (plus the root
   position from ``info``, which gym-v4 observations exclude) and renders it offscreen with the
   task's own XML from envpool's assets.  What the environment wrapper must keep per step, and
-  how the state is rebuilt, is in ``MUJOCO_RENDER_TASKS`` / ``reconstruct_state``.  Clips play at
-  the task's real-time rate ``1 / (timestep · frame_skip)``.  The frames match envpool's own
-  ``render()`` (tests/test_clips.py), except that envpool's HalfCheetah frames lag one physics
-  substep behind its observations; ours show the observed state.  envpool reports
+  how the state is rebuilt, is in the task's ``tasks.MujocoModel`` / ``reconstruct_state``.
+  Clips play at the task's real-time rate ``1 / (timestep · frame_skip)`` (``Task.fps``).  The
+  frames match envpool's own ``render()`` (tests/test_clips.py), except that envpool's
+  HalfCheetah frames lag one physics substep behind its observations; ours show the observed
+  state.  envpool reports
   ``x_position = 0`` at a reset (see ``backfill_reset_positions``).
 
 CLI
@@ -31,7 +32,7 @@ CLI
   through the project's environment wrapper (``envs.make_env``: the papers' settings, masked
   Atari frames) and writes a clip of the state after each step.  ``--env`` takes every task
   ``envs.make_env`` takes (MuJoCo, Atari, and gymnax's classic-control and MinAtar tasks, drawn
-  by ``classic_clips``), resolved as ``make_env`` resolves it, plus case-insensitive spellings.
+  by ``classic_clips``), in every spelling ``tasks.resolve`` accepts.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import argparse
 import atexit
 import contextlib
 import ctypes
-import dataclasses
 import os
 import re
 import subprocess
@@ -55,6 +55,8 @@ from typing import Any
 
 import numpy as np
 
+from rlhp_jax import tasks
+
 # --------------------------------------------------------------------------------- video
 
 
@@ -66,7 +68,6 @@ def _exec_only_fork():
         warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
         yield
 
-ATARI_FPS = 15.0  # 60 Hz emulator / frame skip 4
 ATARI_OBS_BYTES_PER_STEP = 84 * 84  # newest grayscale frame of the agent's stack
 ATARI_NATIVE_BYTES_PER_STEP = 210 * 160 * 3  # native RGB frame
 
@@ -266,68 +267,13 @@ def atari_native_clip_frames(rgb: Any, scale: int | Sequence[int] = 2) -> np.nda
 # -------------------------------------------------------------------------------- MuJoCo
 
 
-@dataclasses.dataclass(frozen=True)
-class MujocoClipTask:
-    """How to rebuild a gym-v4 MuJoCo task's state from what the env wrapper keeps per step.
-
-    ``root_info``: info fields holding the root position that the observation excludes (they
-    must be kept per step, with the observation).  ``layout``: how the observation maps to
-    ``qpos``/``qvel`` (see ``reconstruct_state``).
-    """
-
-    env_id: str
-    nq: int
-    nv: int
-    obs_dim: int
-    root_info: tuple[str, ...]
-    layout: str  # "root_excluded" | "full" | "reacher" | "double_pendulum"
-    camera: str | dict  # a named XML camera, or free-camera settings
-    extra_obs: int = 0  # optional trailing observation entries (Ant's contact forces)
-
-
-MUJOCO_RENDER_TASKS: dict[str, MujocoClipTask] = {
-    # obs = qpos[1:], clip(qvel, ±10)
-    "Hopper": MujocoClipTask("Hopper-v4", 6, 6, 11, ("x_position",), "root_excluded", "track"),
-    "Walker2d": MujocoClipTask("Walker2d-v4", 9, 9, 17, ("x_position",), "root_excluded", "track"),
-    # obs = qpos[1:], qvel
-    "HalfCheetah": MujocoClipTask("HalfCheetah-v4", 9, 9, 17, ("x_position",), "root_excluded",
-                                  "track"),
-    # obs = qpos[2:], qvel
-    "Swimmer": MujocoClipTask("Swimmer-v4", 5, 5, 8, ("x_position", "y_position"),
-                              "root_excluded", "track"),
-    # obs = qpos[2:] (z, quaternion, 8 joints), qvel (14) [, contact forces (84) if enabled]
-    "Ant": MujocoClipTask("Ant-v4", 15, 14, 27, ("x_position", "y_position"), "root_excluded",
-                          "track", extra_obs=84),
-    # obs = cos(q[:2]), sin(q[:2]), q[2:] (target), qvel[:2], fingertip - target (3)
-    "Reacher": MujocoClipTask("Reacher-v4", 4, 4, 11, (), "reacher",
-                              dict(lookat=(0.0, 0.0, 0.0), distance=0.85, elevation=-90.0,
-                                   azimuth=90.0)),
-    # obs = qpos, qvel
-    "InvertedPendulum": MujocoClipTask("InvertedPendulum-v4", 2, 2, 4, (), "full",
-                                       dict(lookat=(0.0, 0.0, 0.2), distance=2.6,
-                                            elevation=-10.0, azimuth=90.0)),
-    # obs = q[0], sin(q[1:]), cos(q[1:]), clip(qvel, ±10), clip(qfrc_constraint, ±10)
-    "InvertedDoublePendulum": MujocoClipTask("InvertedDoublePendulum-v4", 3, 3, 11, (),
-                                             "double_pendulum",
-                                             dict(lookat=(0.0, 0.0, 0.45), distance=3.2,
-                                                  elevation=-8.0, azimuth=90.0)),
-}
-
-
-def mujoco_task_name(env: str) -> str | None:
-    """'Hopper', 'Hopper-v4', 'hopper' -> 'Hopper'; None if not a supported MuJoCo task."""
-    base = env.split("-v")[0].lower()
-    for name in MUJOCO_RENDER_TASKS:
-        if name.lower() == base:
-            return name
-    return None
-
-
-def _task(task: str) -> MujocoClipTask:
-    name = mujoco_task_name(task)
-    if name is None:
-        raise ValueError(f"unknown MuJoCo task {task!r}; supported: {', '.join(MUJOCO_RENDER_TASKS)}")
-    return MUJOCO_RENDER_TASKS[name]
+def _mujoco_task(task: str) -> tasks.Task:
+    """The MuJoCo task ``task`` spells (``tasks.resolve``); its ``mujoco`` field says how a clip
+    rebuilds its state."""
+    found = tasks.find(task)
+    if found is None or found.backend != "mujoco":
+        raise ValueError(f"unknown MuJoCo task {task!r}; supported: {', '.join(tasks.names('mujoco'))}")
+    return found
 
 
 def mujoco_asset(task: str) -> tuple[str, int]:
@@ -339,7 +285,7 @@ def mujoco_asset(task: str) -> tuple[str, int]:
     """
     import envpool
 
-    config = envpool.make_spec(_task(task).env_id).config
+    config = envpool.make_spec(_mujoco_task(task).envpool_id).config
     directory = os.path.join(config.base_path, "mujoco", "assets_gym")
     stem, ext = os.path.splitext(config.xml_file)
     path = os.path.join(directory, stem + "_envpool" + ext)
@@ -370,12 +316,13 @@ def reconstruct_state(task: str, obs: Any, info: Mapping[str, Any] | None = None
     from_observation=False``: ``len(root_info)`` more values), it is used and ``info`` is not
     needed.  Ant may carry its 84 contact-force values at the end (ignored).
     """
-    spec = _task(task)
+    entry = _mujoco_task(task)
+    spec, env_id = entry.mujoco, entry.envpool_id
     obs = np.asarray(obs, dtype=np.float64)
     if obs.ndim == 1:
         obs = obs[None]
     if obs.ndim != 2 or obs.shape[0] == 0:
-        raise ValueError(f"{spec.env_id}: obs must be [T, obs_dim] with T > 0, got {obs.shape}")
+        raise ValueError(f"{env_id}: obs must be [T, obs_dim] with T > 0, got {obs.shape}")
     t, dim = obs.shape
     nq, nv = spec.nq, spec.nv
     if spec.layout == "root_excluded":
@@ -384,21 +331,21 @@ def reconstruct_state(task: str, obs: Any, info: Mapping[str, Any] | None = None
         if dim in {d + k for d in dims}:  # root position included in the observation
             return obs[:, :nq].copy(), obs[:, nq:nq + nv].copy()
         if dim not in dims:
-            raise ValueError(f"{spec.env_id}: expected obs_dim in {sorted(dims)} (or "
+            raise ValueError(f"{env_id}: expected obs_dim in {sorted(dims)} (or "
                              f"{sorted(d + k for d in dims)} with the root position), got {dim}")
         missing = [key for key in spec.root_info if info is None or key not in info]
         if missing:
-            raise ValueError(f"{spec.env_id}: the observation excludes the root position; "
+            raise ValueError(f"{env_id}: the observation excludes the root position; "
                              f"info must hold per-step {missing}")
         root = [np.asarray(info[key], dtype=np.float64).reshape(-1) for key in spec.root_info]
         for key, r in zip(spec.root_info, root):
             if r.shape[0] != t:
-                raise ValueError(f"{spec.env_id}: info[{key!r}] has {r.shape[0]} steps, obs {t}")
+                raise ValueError(f"{env_id}: info[{key!r}] has {r.shape[0]} steps, obs {t}")
         qpos = np.concatenate([np.stack(root, axis=1), obs[:, :nq - k]], axis=1)
         qvel = obs[:, nq - k:nq - k + nv]
         return qpos, qvel.copy()
     if dim < spec.obs_dim:
-        raise ValueError(f"{spec.env_id}: expected obs_dim {spec.obs_dim}, got {dim}")
+        raise ValueError(f"{env_id}: expected obs_dim {spec.obs_dim}, got {dim}")
     if spec.layout == "full":
         return obs[:, :nq].copy(), obs[:, nq:nq + nv].copy()
     if spec.layout == "reacher":
@@ -512,8 +459,8 @@ class MujocoRenderer:
     def __init__(self, task: str, width: int = 256, height: int = 256,
                  camera: str | int | Mapping[str, Any] | None = None,
                  shadow_size: int | None = 1024):
-        self.spec = _task(task)
-        self.task = mujoco_task_name(task)
+        entry = _mujoco_task(task)
+        self.spec, self.task, self.env_id = entry.mujoco, entry.name, entry.envpool_id
         if int(width) < 1 or int(height) < 1:
             raise ValueError(f"width and height must be positive, got {width}×{height}")
         self.width, self.height = int(width), int(height)
@@ -564,13 +511,13 @@ class MujocoRenderer:
         if isinstance(camera, str):
             cam_id = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
             if cam_id < 0:
-                raise ValueError(f"{self.spec.env_id} has no camera named {camera!r}")
+                raise ValueError(f"{self.env_id} has no camera named {camera!r}")
             camera = cam_id
         camera = int(camera)
         if camera == -1:
             return cam
         if not 0 <= camera < self.model.ncam:
-            raise ValueError(f"{self.spec.env_id}: camera id {camera} out of range "
+            raise ValueError(f"{self.env_id}: camera id {camera} out of range "
                              f"(-1..{self.model.ncam - 1})")
         cam.type = mujoco.mjtCamera.mjCAMERA_FIXED
         cam.fixedcamid = camera
@@ -657,7 +604,8 @@ _RENDERERS_LOCK = threading.Lock()
 
 def get_mujoco_renderer(task: str, width: int = 256, height: int = 256) -> MujocoRenderer:
     """A cached ``MujocoRenderer`` (task default camera) per (task, width, height)."""
-    key = (mujoco_task_name(task) or task, int(width), int(height))
+    found = tasks.find(task)
+    key = (found.name if found else task, int(width), int(height))
     with _RENDERERS_LOCK:
         if key not in _RENDERERS:
             _RENDERERS[key] = MujocoRenderer(task, width, height)
@@ -686,35 +634,20 @@ MIN_CLIP_S = 1.0
 
 
 def _segment_frames(env, obs, render, render_fields, size):
-    task = mujoco_task_name(env)
-    if task is not None:
+    task = tasks.resolve(env)
+    if task.backend == "mujoco":
         render = np.zeros((obs.shape[0], 0)) if render is None else np.asarray(render)
         info = {f: render[:, i] for i, f in enumerate(render_fields)}
-        qpos, qvel = reconstruct_state(task, obs, info)
-        renderer = get_mujoco_renderer(task, size, size)
-        return renderer.render_qpos(qpos, qvel), renderer.fps
-    from rlhp_jax.envpool_envs import is_envpool_env
+        qpos, qvel = reconstruct_state(task.name, obs, info)
+        return get_mujoco_renderer(task.name, size, size).render_qpos(qpos, qvel), task.fps
+    if task.backend == "atari":  # the agent's masked 84x84 frames
+        return atari_clip_frames(obs.astype(np.uint8), scale=max(1, round(size / 84))), task.fps
+    from rlhp_jax.classic_clips import classic_clip_frames
 
-    if is_envpool_env(env):  # Atari: the agent's masked 84x84 frames
-        return atari_clip_frames(obs.astype(np.uint8), scale=max(1, round(size / 84))), ATARI_FPS
-    from rlhp_jax.classic_clips import CLASSIC_FPS, classic_clip_frames
-
-    return classic_clip_frames(env, obs, size=size), CLASSIC_FPS[env]
+    return classic_clip_frames(task.name, obs, size=size), task.fps
 
 
 # ----------------------------------------------------------------------------------- CLI
-
-from rlhp_jax.envpool_envs import ATARI_GAMES as PAPER_ATARI_GAMES  # noqa: E402 (the games with a mask)
-
-
-def _atari_game(env: str) -> str | None:
-    """'Pong', 'pong', 'Pong-v5', 'PongNoFrameskip-v4' -> 'Pong' for the papers' games (the ones
-    with a score mask); None otherwise."""
-    base = env.split("-v")[0].replace("NoFrameskip", "").lower()
-    for game in PAPER_ATARI_GAMES:
-        if game.lower() == base:
-            return game
-    return None
 
 
 class _UsageError(Exception):
@@ -726,40 +659,11 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def resolve_cli_env(env: str) -> tuple[str, str] | None:
-    """``(kind, task)`` for a ``--env`` value: kind ``'mujoco'`` (task as in
-    ``MUJOCO_RENDER_TASKS``), ``'atari'`` (a paper game) or ``'gymnax'`` (a gymnax task id); None
-    for an unknown one.  A name ``envs.make_env`` takes resolves as ``make_env`` resolves it
-    (exact gymnax ids first, then envpool's names and Christiano's aliases such as
-    'pendulum' → InvertedPendulum); other spellings of the same names in any letter case
-    ('hopper', 'pong', 'cartpole-v1') are accepted too."""
-    from rlhp_jax import envpool_envs
-    from rlhp_jax.envs import gymnax_envs
-
-    gymnax = gymnax_envs()
-    if env in gymnax:
-        return "gymnax", env
-    canonical = envpool_envs.canonical_task(env)  # make_env's own resolution of envpool names
-    if canonical is not None:
-        return canonical
-    task = mujoco_task_name(env)
-    if task is not None:
-        return "mujoco", task
-    game = _atari_game(env)
-    if game is not None:
-        return "atari", game
-    for name in gymnax:
-        if name.lower() == env.lower():
-            return "gymnax", name
-    return None
-
-
 def _unknown_env_message(env: str) -> str:
-    from rlhp_jax.envs import gymnax_envs
-
-    return (f"unknown env {env!r}; supported: MuJoCo {', '.join(MUJOCO_RENDER_TASKS)}; "
-            f"Atari {', '.join(PAPER_ATARI_GAMES)}; classic control and MinAtar (gymnax) "
-            f"{', '.join(gymnax_envs())}")
+    mujoco = [name for name, task in tasks.TASKS.items() if task.backend == "mujoco"]  # the table's order
+    return (f"unknown env {env!r}; supported: MuJoCo {', '.join(mujoco)}; "
+            f"Atari {', '.join(tasks.names('atari'))}; classic control and MinAtar (gymnax) "
+            f"{', '.join(tasks.names('gymnax'))}")
 
 
 def random_rollout(env_name: str, steps: int, seed: int):
@@ -794,7 +698,7 @@ def _run_atari_native(game: str, steps: int, seed: int, rng: np.random.Generator
 
     kwargs = dict(EnvpoolVecEnv(game, 1, seed=seed).envpool_kwargs, img_height=210, img_width=160,
                   gray_scale=False, stack_num=1)
-    env = envpool.make(f"{game}-v5", **kwargs)
+    env = envpool.make(tasks.TASKS[game].envpool_id, **kwargs)
     env.reset()
     frames = []
     for _ in range(steps):
@@ -835,10 +739,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError("--every, --size and --scale must be positive")
         if not args.out.lower().endswith(".mp4"):
             raise _UsageError(f"--out must end in .mp4, got {args.out!r}")
-        resolved = resolve_cli_env(args.env)
+        resolved = tasks.find(args.env)
         if resolved is None:
             raise _UsageError(_unknown_env_message(args.env))
-        kind, name = resolved
+        kind, name = resolved.backend, resolved.name
         task = name if kind == "mujoco" else None
         game = name if kind == "atari" else None
         if kind == "gymnax":
@@ -867,17 +771,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         frames = renderer.render_qpos(qpos[::args.every], qvel[::args.every])
         t_render = time.perf_counter() - t0
-        fps = args.fps if args.fps is not None else renderer.fps / args.every
+        fps = args.fps if args.fps is not None else resolved.fps / args.every
         renderer.close()
     elif kind == "gymnax":
-        from rlhp_jax.classic_clips import CLASSIC_FPS, classic_clip_frames
+        from rlhp_jax.classic_clips import classic_clip_frames
 
         t_setup = 0.0
         _, obs, _ = random_rollout(name, args.steps, args.seed)
         t0 = time.perf_counter()
         frames = classic_clip_frames(name, obs[::args.every], size=args.size)
         t_render = time.perf_counter() - t0
-        fps = args.fps if args.fps is not None else CLASSIC_FPS[name] / args.every
+        fps = args.fps if args.fps is not None else resolved.fps / args.every
     else:
         t_setup = 0.0
         if args.native:
@@ -889,7 +793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             frames = atari_clip_frames(frames_in, args.scale or 4)
         t_render = time.perf_counter() - t0
-        fps = args.fps if args.fps is not None else ATARI_FPS
+        fps = args.fps if args.fps is not None else resolved.fps
     t0 = time.perf_counter()
     encode_mp4(frames, args.out, fps)
     t_encode = time.perf_counter() - t0

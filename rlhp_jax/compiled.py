@@ -143,10 +143,10 @@ class CompiledRun:
         if config.label_source != "synthetic":
             raise ValueError("The compiled loop labels with the synthetic oracle only; people answer through the "
                              "host driver (python -m experiments.classic --teacher human).")
-        from rlhp_jax.envs import gymnax_envs
+        from rlhp_jax import tasks
 
-        if config.env not in gymnax_envs():
-            raise ValueError(f"The compiled loop needs a pure-JAX environment ({', '.join(gymnax_envs())}); "
+        if config.env not in tasks.names("gymnax"):
+            raise ValueError(f"The compiled loop needs a pure-JAX environment ({', '.join(tasks.names('gymnax'))}); "
                              f"{config.env!r} is not one (Atari and MuJoCo step in envpool, outside the program: "
                              "use python -m experiments.atari / experiments.mujoco for them).")
         self.config = config

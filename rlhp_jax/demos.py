@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
+from rlhp_jax import tasks
 
 FORMAT = "rlhp_jax.demos/1"
 
@@ -511,7 +512,8 @@ def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
 
     run = Path(run_dir)
     cfg = read_run_config(run)
-    if cfg.env != env.spec.name and cfg.env.split("-v")[0] != env.spec.name:
+    trained_on = tasks.find(cfg.env)
+    if (trained_on.name if trained_on else cfg.env) != env.spec.name:
         raise DemoError(f"{run} trained on {cfg.env}, not {env.spec.name}")
     if not isinstance(cfg, RunConfig):  # Ibarz et al.'s protocol
         from rlhp_jax import ibarz
@@ -573,9 +575,10 @@ def main(argv=None) -> int:
         saved = read_run_config(run)
         options = dict(saved.env_options)
         if not isinstance(saved, RunConfig) and not options:  # Ibarz et al.'s protocol: its Atari defaults
-            from rlhp_jax import envpool_envs, ibarz
+            from rlhp_jax import ibarz
 
-            if envpool_envs.is_envpool_env(saved.env):
+            found = tasks.find(saved.env)
+            if found is not None and found.backend != "gymnax":
                 options = dict(ibarz.ATARI_OPTIONS)
         env = make_env(args.env or saved.env, 1, **options)
         act = policy_from_run(run, env, args.epsilon)

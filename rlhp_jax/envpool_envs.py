@@ -38,11 +38,13 @@ compiled program; ``backend="callback"`` calls envpool's C++ ``step`` from the p
 ``BUILD_NOTES.md``).  envpool's MuJoCo XLA step demands float64 actions: x64 is switched on
 only around that one call (``jax.enable_x64``), the rest of the program stays float32.  The
 XLA interface itself must be created under x64 too (see ``__init__``).
+
+Each task's own values (envpool id, MuJoCo options, penalties, clip length, r̂ std) are its row of
+``tasks.TASKS``; this module holds what is common to a backend, and the healthy ranges (``healthy``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -50,81 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from rlhp_jax import tasks
 from rlhp_jax.core import EnvSpec, StepOut
-
-# The games of Christiano (7: BeamRider, Breakout, Enduro, Pong, Qbert, Seaquest,
-# SpaceInvaders) and Ibarz (adds Hero, MontezumaRevenge, PrivateEye and others).
-ATARI_GAMES = ("BeamRider", "Breakout", "Enduro", "Hero", "MontezumaRevenge", "Pong", "PrivateEye",
-               "Qbert", "Seaquest", "SpaceInvaders")
-
-
-CLIP_SECONDS = 1.5  # A.1: "trajectory segments that last 1.5 seconds"
-
-
-@dataclasses.dataclass(frozen=True)
-class MujocoTask:
-    env_id: str
-    model_timestep: float  # <option timestep> of the task's XML in envpool's assets (gym v4 models)
-    frame_skip: int  # simulator steps per environment step (envpool's default for the task)
-    terminal_penalty: float  # added to the true reward on each step outside the healthy range
-    render_info: tuple[str, ...]  # info fields a clip renderer needs besides the observation
-    options: tuple[tuple[str, Any], ...] = ()
-    episode_steps: int = 1000  # the task's time limit
-
-    @property
-    def control_timestep(self) -> float:
-        """Simulated seconds per environment step."""
-        return self.model_timestep * self.frame_skip
-
-    @property
-    def segment_length(self) -> int:
-        """Steps in a 1.5 s clip (A.1), at most one whole episode (Reacher's lasts 50 steps = 1 s)."""
-        return min(round(CLIP_SECONDS / self.control_timestep), self.episode_steps)
-
-
-# Clips of 1.5 s: Hopper and Walker2d 188 steps (8 ms per step), HalfCheetah, Ant and
-# InvertedDoublePendulum 30, Swimmer and InvertedPendulum 38, Reacher its whole 50-step episode.
-# (A.1 says "15 to 60 timesteps"; gym's own timesteps give 188 on Hopper and Walker2d, and
-# 1.5 s is what a person watches, so the seconds win.)
-_NO_CTRL = ("ctrl_cost_weight", 0.0)
-_RUNS_ON = ("terminate_when_unhealthy", False)
-# envpool's pendulums always end outside their range (|pole angle| > 0.2; tip height <= 1): a
-# range they cannot leave (the pole's hinge stops at 90 degrees; the tip is never below -1.2)
-# lets them run on, and ``healthy`` applies the real range.
-_POLE_RUNS_ON = ("healthy_z_min", -10.0), ("healthy_z_max", 10.0)
-_TIP_RUNS_ON = ("healthy_z_max", -10.0)
-MUJOCO_TASKS: dict[str, MujocoTask] = {
-    "Hopper": MujocoTask("Hopper-v4", 0.002, 4, -1.0, ("x_position",), (_RUNS_ON, _NO_CTRL)),
-    "Walker2d": MujocoTask("Walker2d-v4", 0.002, 4, -1.0, ("x_position",), (_RUNS_ON, _NO_CTRL)),
-    "Ant": MujocoTask("Ant-v4", 0.01, 5, -1.0, ("x_position", "y_position"), (_RUNS_ON, _NO_CTRL)),
-    "HalfCheetah": MujocoTask("HalfCheetah-v4", 0.01, 5, 0.0, ("x_position",), (_NO_CTRL,)),
-    "Swimmer": MujocoTask("Swimmer-v4", 0.01, 4, 0.0, ("x_position", "y_position"), (_NO_CTRL,)),
-    "Reacher": MujocoTask("Reacher-v4", 0.01, 2, 0.0, (), (_NO_CTRL,), episode_steps=50),
-    "InvertedPendulum": MujocoTask("InvertedPendulum-v4", 0.02, 2, -2.0, (), _POLE_RUNS_ON),
-    "InvertedDoublePendulum": MujocoTask("InvertedDoublePendulum-v4", 0.01, 5, -20.0, (), (_TIP_RUNS_ON,)),
-}
-# Christiano's names for the two pendulum tasks
-MUJOCO_ALIASES = {"pendulum": "InvertedPendulum", "double pendulum": "InvertedDoublePendulum",
-                  "double_pendulum": "InvertedDoublePendulum"}
-
-
-def supported_envs() -> list[str]:
-    return sorted(ATARI_GAMES) + sorted(MUJOCO_TASKS)
-
-
-def is_envpool_env(name: str) -> bool:
-    return canonical_task(name) is not None
-
-
-def canonical_task(name: str) -> tuple[str, str] | None:
-    """'Pong', 'Pong-v5', 'PongNoFrameskip-v4' -> ('atari', 'Pong'); 'Hopper-v4', 'pendulum' -> ('mujoco', ...)."""
-    base = name.split("-v")[0].replace("NoFrameskip", "")
-    base = MUJOCO_ALIASES.get(name.lower(), MUJOCO_ALIASES.get(base.lower(), base))
-    if base in ATARI_GAMES:
-        return "atari", base
-    if base in MUJOCO_TASKS:
-        return "mujoco", base
-    return None
 
 
 def healthy(task: str, obs) -> jax.Array:
@@ -176,12 +105,14 @@ class EnvpoolVecEnv:
                  num_threads: int = 0, **overrides: Any):
         import envpool  # local: heavy import, and only needed for these tasks
 
-        found = canonical_task(name)
-        if found is None:
-            raise ValueError(f"Unknown environment {name!r}. Supported envpool tasks: {', '.join(supported_envs())}.")
+        entry = tasks.find(name)
+        if entry is None or entry.backend == "gymnax":
+            raise ValueError(f"Unknown environment {name!r}. Supported envpool tasks: "
+                             f"{', '.join(tasks.names('atari') + tasks.names('mujoco'))}.")
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        self.domain, self.task = found
+        self.entry = entry  # the task's row of tasks.TASKS
+        self.domain, self.task = entry.backend, entry.name
         self.num_envs = int(num_envs)
         if backend not in ("auto", "xla", "callback"):
             raise ValueError(f"backend must be 'auto', 'xla' or 'callback', got {backend!r}")
@@ -192,20 +123,20 @@ class EnvpoolVecEnv:
                 noop_max=int(overrides.pop("noop_max", 30)),  # Christiano A.2; Ibarz A.1: 90
                 full_action_space=bool(overrides.pop("full_action_space", False)),  # Ibarz: all 18
                 clip_oracle_reward=bool(overrides.pop("clip_oracle_reward", True)),  # A.2 clips to [-1, 1]
-                terminal_penalty=float(overrides.pop("terminal_penalty", 0.0 if self.task == "Pong" else -10.0)),
-                segment_length=int(overrides.pop("segment_length", 25)),  # A.2: 25 steps (1.7 s)
-                reward_std=float(overrides.pop("reward_std", 0.05)),  # A.2
+                terminal_penalty=float(overrides.pop("terminal_penalty", entry.terminal_penalty)),
+                segment_length=int(overrides.pop("segment_length", entry.segment_length)),
+                reward_std=float(overrides.pop("reward_std", entry.reward_std)),
             )
             if overrides:
                 raise ValueError(f"Unknown Atari options {sorted(overrides)}")
             self.options = opts
             # every option the papers fix is set explicitly (envpool's defaults change between versions)
-            self.envpool_id = f"{self.task}-v5"
+            self.envpool_id = entry.envpool_id
             self.envpool_kwargs = dict(
                 common, img_height=84, img_width=84, gray_scale=True, stack_num=4, frame_skip=4,
                 noop_max=opts["noop_max"], repeat_action_probability=0.0, episodic_life=False,
                 zero_discount_on_life_loss=False, reward_clip=False, full_action_space=opts["full_action_space"],
-                use_fire_reset=True, max_episode_steps=27000)
+                use_fire_reset=True, max_episode_steps=entry.horizon)
             self._env = envpool.make(self.envpool_id, **self.envpool_kwargs)
             n_act = int(self._env.action_space.n)
             from rlhp_jax import atari_masks
@@ -213,31 +144,28 @@ class EnvpoolVecEnv:
             self._mask = np.asarray(atari_masks.boolean_mask(self.task, 84, 84))  # [84, 84] bool: True = blank
             self.score_mask = self._mask  # what every frame has blanked (demos are checked against it)
             self.spec = EnvSpec(name=self.task, obs_shape=(84, 84, 4), discrete=True, num_actions=n_act,
-                                action_low=None, action_high=None, horizon=27000,
+                                action_low=None, action_high=None, horizon=entry.horizon,
                                 terminal_penalty=opts["terminal_penalty"], segment_length=opts["segment_length"],
-                                reward_std=opts["reward_std"], on_terminate="reset")
+                                reward_std=opts["reward_std"], on_terminate=entry.on_terminate)
             self.render_fields: tuple[str, ...] = ()
             self.backend = "xla" if backend == "auto" else backend
         else:
-            task = MUJOCO_TASKS[self.task]
-            penalty = float(overrides.pop("terminal_penalty", task.terminal_penalty))
-            seg = int(overrides.pop("segment_length", task.segment_length))
+            penalty = float(overrides.pop("terminal_penalty", entry.terminal_penalty))
+            seg = int(overrides.pop("segment_length", entry.segment_length))
             if overrides:
                 raise ValueError(f"Unknown MuJoCo options {sorted(overrides)}")
             self.options = dict(terminal_penalty=penalty, segment_length=seg)
-            self._task = task
-            self.envpool_id = task.env_id
-            self.envpool_kwargs = dict(common, **dict(task.options))
-            self._env = envpool.make(task.env_id, **self.envpool_kwargs)
-            cfg = envpool.make_spec(task.env_id).config
+            self.envpool_id = entry.envpool_id
+            self.envpool_kwargs = dict(common, **dict(entry.mujoco.options))
+            self._env = envpool.make(self.envpool_id, **self.envpool_kwargs)
             space = self._env.action_space
             self.spec = EnvSpec(name=self.task, obs_shape=tuple(self._env.observation_space.shape), discrete=False,
                                 num_actions=int(space.shape[0]),
                                 action_low=tuple(float(x) for x in space.low),
                                 action_high=tuple(float(x) for x in space.high),
-                                horizon=int(cfg.max_episode_steps), terminal_penalty=penalty, segment_length=seg,
-                                reward_std=1.0, on_terminate="continue")
-            self.render_fields = task.render_info
+                                horizon=entry.horizon, terminal_penalty=penalty, segment_length=seg,
+                                reward_std=entry.reward_std, on_terminate=entry.on_terminate)
+            self.render_fields = entry.mujoco.root_info
             self.score_mask = None
             self.backend = "xla" if backend == "auto" else backend
         if self.backend == "xla":
@@ -331,13 +259,7 @@ class EnvpoolVecEnv:
         out, was_out = self._convert(state.was_out, obs, rew, term, trunc, info)
         return EnvpoolState(token=token, was_out=was_out), out
 
-    # clips: Atari frames are the observation's newest channel; MuJoCo needs ``render_fields``
     @property
     def fps(self) -> float:
-        if self.domain == "atari":
-            return 15.0  # 60 Hz emulator, frame skip 4
-        return 1.0 / self._timestep()
-
-    def _timestep(self) -> float:
-        return float(self._env.spec.config.frame_skip) * MUJOCO_TASKS[self.task].model_timestep
-
+        """Steps per second of the task's own time (clips and play run in real time)."""
+        return self.entry.fps

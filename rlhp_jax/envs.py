@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rlhp_jax import tasks
 from rlhp_jax.core import EnvSpec, StepOut, VecEnv
 
 
@@ -41,49 +42,21 @@ class GymnaxState:
     t: jax.Array  # [num_envs] int32 step within the fixed-length episode
 
 
-# Per-task settings of the paper-style modification. horizon = the task's usual time limit;
-# segment_length ~ 1.5 s of simulated time where that is short enough to judge, as in A.1.
-_GYMNAX_TASKS: dict[str, dict[str, Any]] = {
-    # CartPole resets on a fall (penalty once): run on, the fallen pole's unbounded states are
-    # off-distribution for r̂ and the agent learns to fall at once (BUILD_NOTES).
-    "CartPole-v1": dict(horizon=500, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
-    "Pendulum-v1": dict(horizon=200, terminal_penalty=0.0, segment_length=30, reward_std=1.0),
-    "Acrobot-v1": dict(horizon=500, terminal_penalty=0.0, segment_length=25, reward_std=1.0),
-    "MountainCarContinuous-v0": dict(horizon=999, terminal_penalty=0.0, segment_length=30, reward_std=1.0),
-    # MinAtar (pure-JAX Atari-likes, 10x10xC): as the Atari rule of A.2 — a game over resets
-    # silently and costs the oracle a penalty; clips of 25 steps.
-    "Asterix-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
-    "Breakout-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
-    "Freeway-MinAtar": dict(horizon=2500, terminal_penalty=0.0, segment_length=25, reward_std=1.0),
-    "Seaquest-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
-    "SpaceInvaders-MinAtar": dict(horizon=1000, terminal_penalty=-10.0, segment_length=25, reward_std=1.0),
-}
-
-
-def gymnax_envs() -> list[str]:
-    return sorted(_GYMNAX_TASKS)
-
-
-def supported_envs() -> list[str]:
-    """Every task name ``make_env`` accepts: gymnax's classic tasks, then envpool's Atari and MuJoCo."""
-    from rlhp_jax import envpool_envs
-
-    return gymnax_envs() + envpool_envs.supported_envs()
-
-
 class GymnaxVecEnv:
     """A batch of gymnax environments with the paper's fixed-horizon, penalty-not-termination rule."""
 
     def __init__(self, name: str, num_envs: int, **overrides: Any):
         import gymnax  # local: keep import cost off modules that do not step envs
 
-        if name not in _GYMNAX_TASKS:
-            raise ValueError(
-                f"Unknown environment {name!r}. Supported environments: {', '.join(supported_envs())}."
-            )
+        task = tasks.resolve(name)
+        if task.backend != "gymnax":
+            raise ValueError(f"{name!r} is not a gymnax task; gymnax tasks: {', '.join(tasks.names('gymnax'))}.")
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        settings = {**_GYMNAX_TASKS[name], **overrides}
+        name = task.name
+        settings = {**dict(horizon=task.horizon, terminal_penalty=task.terminal_penalty,
+                           segment_length=task.segment_length, reward_std=task.reward_std,
+                           on_terminate=task.on_terminate), **overrides}
         self._env, params = gymnax.make(name)
         # The wrapper owns the clock: the inner task must never time out by itself.
         if hasattr(params, "max_steps_in_episode"):
@@ -112,7 +85,7 @@ class GymnaxVecEnv:
             terminal_penalty=float(settings["terminal_penalty"]),
             segment_length=int(settings["segment_length"]),
             reward_std=float(settings["reward_std"]),
-            on_terminate=str(settings.get("on_terminate", "reset")),
+            on_terminate=str(settings["on_terminate"]),
         )
         if self.spec.on_terminate not in ("reset", "continue"):
             raise ValueError(f"on_terminate must be 'reset' or 'continue', got {self.spec.on_terminate!r}")
@@ -173,11 +146,10 @@ class GymnaxVecEnv:
 
 
 def make_env(name: str, num_envs: int, **overrides: Any) -> VecEnv:
-    """Build a batched environment by name (gymnax or envpool). Raises ValueError listing supported names."""
-    if name in _GYMNAX_TASKS:
+    """Build a batched environment by name (any spelling ``tasks.resolve`` accepts: gymnax, Atari or
+    MuJoCo). Raises ValueError listing the supported names."""
+    if tasks.resolve(name).backend == "gymnax":
         return GymnaxVecEnv(name, num_envs, **overrides)
     from rlhp_jax import envpool_envs
 
-    if envpool_envs.is_envpool_env(name):
-        return envpool_envs.EnvpoolVecEnv(name, num_envs, **overrides)
-    raise ValueError(f"Unknown environment {name!r}. Supported environments: {', '.join(supported_envs())}.")
+    return envpool_envs.EnvpoolVecEnv(name, num_envs, **overrides)

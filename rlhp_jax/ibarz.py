@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
+from rlhp_jax import tasks
 from rlhp_jax.agents.dqfd import DQfD, DQfDConfig
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
 from rlhp_jax.config_fields import check_ranges, dataclass_from_json
@@ -171,9 +172,8 @@ class IbarzRun:
         self.cfg = cfg = config
         self.progress, self.log, self.resume = progress, log, resume
         options = dict(cfg.env_options)
-        from rlhp_jax import envpool_envs
-
-        if envpool_envs.is_envpool_env(cfg.env) and not cfg.env_options:
+        task = tasks.find(cfg.env)
+        if task is not None and task.backend != "gymnax" and not cfg.env_options:
             options = dict(ATARI_OPTIONS)
         self.env = make_env(cfg.env, cfg.num_envs, **options)
         self.spec = spec = self.env.spec

@@ -14,6 +14,11 @@ import pytest
 
 from rlhp_jax import classic_clips as cc
 from rlhp_jax import clips
+from rlhp_jax.tasks import TASKS, names
+
+FPS = {name: TASKS[name].fps for name in names("gymnax")}
+OBS_SHAPES = {name: TASKS[name].obs_shape for name in names("gymnax")}
+MINATAR_CHANNELS = {name: TASKS[name].minatar_channels for name in names("gymnax") if TASKS[name].minatar_channels}
 
 CLASSIC = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0"]
 MINATAR = ["Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar",
@@ -33,8 +38,8 @@ def _centroid(frame, color):
 
 def _sample_obs(env_name, t=3, seed=0):
     rng = np.random.default_rng(seed)
-    if env_name in cc.MINATAR_CHANNELS:
-        return (rng.random((t,) + cc.CLASSIC_OBS_SHAPES[env_name]) < 0.15).astype(np.float32)
+    if env_name in MINATAR_CHANNELS:
+        return (rng.random((t,) + OBS_SHAPES[env_name]) < 0.15).astype(np.float32)
     if env_name == "CartPole-v1":
         return rng.uniform([-2.4, -1, -0.2, -1], [2.4, 1, 0.2, 1], (t, 4)).astype(np.float32)
     if env_name == "MountainCarContinuous-v0":
@@ -53,15 +58,13 @@ def _sample_obs(env_name, t=3, seed=0):
 def test_tables_cover_exactly_the_gymnax_tasks_and_match_their_observations():
     import gymnax
 
-    from rlhp_jax import envs
-
-    tasks = set(envs.gymnax_envs())
-    assert set(cc.CLASSIC_FPS) == tasks
-    assert set(cc.CLASSIC_OBS_SHAPES) == tasks
-    assert set(cc.MINATAR_CHANNELS) == set(MINATAR)
+    tasks = set(names("gymnax"))
+    assert set(FPS) == tasks
+    assert set(OBS_SHAPES) == tasks
+    assert set(MINATAR_CHANNELS) == set(MINATAR)
     for name in tasks:
         env, params = gymnax.make(name)
-        assert tuple(env.observation_space(params).shape) == cc.CLASSIC_OBS_SHAPES[name], name
+        assert tuple(env.observation_space(params).shape) == OBS_SHAPES[name], name
 
 
 def test_fps_is_real_time():
@@ -70,11 +73,11 @@ def test_fps_is_real_time():
     _, cartpole = gymnax.make("CartPole-v1")
     _, pendulum = gymnax.make("Pendulum-v1")
     _, acrobot = gymnax.make("Acrobot-v1")
-    assert cc.CLASSIC_FPS["CartPole-v1"] == pytest.approx(1 / cartpole.tau) == 50
-    assert cc.CLASSIC_FPS["Pendulum-v1"] == pytest.approx(1 / pendulum.dt) == 20
-    assert cc.CLASSIC_FPS["Acrobot-v1"] == pytest.approx(1 / acrobot.dt) == 5
-    assert cc.CLASSIC_FPS["MountainCarContinuous-v0"] == 30
-    assert all(cc.CLASSIC_FPS[name] == 10 for name in MINATAR)
+    assert FPS["CartPole-v1"] == pytest.approx(1 / cartpole.tau) == 50
+    assert FPS["Pendulum-v1"] == pytest.approx(1 / pendulum.dt) == 20
+    assert FPS["Acrobot-v1"] == pytest.approx(1 / acrobot.dt) == 5
+    assert FPS["MountainCarContinuous-v0"] == 30
+    assert all(FPS[name] == 10 for name in MINATAR)
 
 
 # ------------------------------------------------------------------- every task
@@ -91,7 +94,7 @@ def test_frames_shape_dtype_and_content(env_name, size):
     assert len(np.unique(frames[0].reshape(-1, 3), axis=0)) >= 3
     assert not np.array_equal(frames[0], frames[1])
     # bool observations (MinAtar's native type) and a list give the same frames
-    if env_name in cc.MINATAR_CHANNELS:
+    if env_name in MINATAR_CHANNELS:
         np.testing.assert_array_equal(cc.classic_clip_frames(env_name, obs > 0.5, size), frames)
     np.testing.assert_array_equal(cc.classic_clip_frames(env_name, obs.tolist(), size), frames)
 
@@ -230,7 +233,7 @@ def test_mountaincar_car_rides_the_hill():
 
 @pytest.mark.parametrize("env_name", MINATAR)
 def test_minatar_channel_colours_land_in_their_cells(env_name):
-    channels = cc.MINATAR_CHANNELS[env_name]
+    channels = MINATAR_CHANNELS[env_name]
     colors = [tuple(color) for _, color in channels]
     assert len(set(colors) | {cc._MA_BOARD, cc._MA_GAP}) == len(colors) + 2  # all distinct
     size, n = 200, len(channels)
@@ -253,11 +256,11 @@ def test_minatar_channel_colours_land_in_their_cells(env_name):
 
 @pytest.mark.parametrize("env_name", ["Breakout-MinAtar", "Seaquest-MinAtar"])
 def test_minatar_later_channels_are_drawn_over_earlier(env_name):
-    n = len(cc.MINATAR_CHANNELS[env_name])
+    n = len(MINATAR_CHANNELS[env_name])
     obs = np.zeros((1, 10, 10, n), np.float32)
     obs[0, 4, 6, [0, n - 1]] = 1.0
     frame = cc.classic_clip_frames(env_name, obs, size=100)[0]
-    assert frame[45, 65].tolist() == list(cc.MINATAR_CHANNELS[env_name][-1][1])
+    assert frame[45, 65].tolist() == list(MINATAR_CHANNELS[env_name][-1][1])
 
 
 # ------------------------------------------------------------------- errors
@@ -300,7 +303,7 @@ def test_cartpole_clip_of_a_real_rollout_encodes_as_h264(tmp_path):
     frames = cc.classic_clip_frames("CartPole-v1", next_obs)
     assert frames.shape == (30, 256, 256, 3)
     assert len({f.tobytes() for f in frames}) > 20  # the system moves
-    path = clips.encode_mp4(frames, tmp_path / "cartpole.mp4", cc.CLASSIC_FPS["CartPole-v1"])
+    path = clips.encode_mp4(frames, tmp_path / "cartpole.mp4", FPS["CartPole-v1"])
     info = clips.probe_mp4(path)
     assert info["frames"] == 30
     assert info["codec"] == "h264" and info["pix_fmt"] == "yuv420p"

@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from rlhp_jax import clips
+from rlhp_jax import clips, tasks
 
 # ------------------------------------------------------------------------------ encoding
 
@@ -266,7 +266,7 @@ def _mad(a, b):
 
 
 def _states(task, ref, dt):
-    info = {k: ref[k] for k in clips.MUJOCO_RENDER_TASKS[task].root_info}
+    info = {k: ref[k] for k in tasks.TASKS[task].mujoco.root_info}
     first = ref["elapsed_step"] == 0
     for key in info:  # envpool reports 0 at a reset
         info[key] = clips.backfill_reset_positions(
@@ -322,7 +322,7 @@ def test_mujoco_render_matches_envpool(envpool_reference, task):
     import mujoco
 
     ref = envpool_reference[task]
-    spec = clips.MUJOCO_RENDER_TASKS[task]
+    spec = tasks.TASKS[task].mujoco
     track = spec.camera == "track"
     renderer = clips.MujocoRenderer(task, REF_SIZE, REF_SIZE, camera=None if track else -1)
     try:
@@ -432,26 +432,6 @@ def test_cli_writes_playable_gymnax_clip(tmp_path, capsys, env, steps, size, eve
     printed = capsys.readouterr().out
     assert str(out) in printed and f"{n} frames" in printed
     assert ("Breakout-MinAtar" if "MinAtar" in env else "CartPole-v1") in printed
-
-
-def test_cli_resolves_every_task_make_env_takes():
-    """Every name ``envs.make_env`` takes (and Christiano's MuJoCo aliases) resolves to the
-    task ``make_env`` would build; names it refuses stay unknown."""
-    from rlhp_jax import envpool_envs, envs
-
-    for name in envs.supported_envs():
-        kind, task = clips.resolve_cli_env(name)
-        if name in envs.gymnax_envs():
-            assert (kind, task) == ("gymnax", name)
-        else:
-            assert (kind, task) == envpool_envs.canonical_task(name), name
-    assert clips.resolve_cli_env("pendulum") == ("mujoco", "InvertedPendulum")
-    assert clips.resolve_cli_env("double pendulum") == ("mujoco", "InvertedDoublePendulum")
-    assert clips.resolve_cli_env("Pendulum-v1") == ("gymnax", "Pendulum-v1")
-    assert clips.resolve_cli_env("Breakout") == ("atari", "Breakout")
-    assert clips.resolve_cli_env("SPACEINVADERS-MINATAR") == ("gymnax", "SpaceInvaders-MinAtar")
-    for name in ("Humanoid", "CartPole", "MinAtar", "Breakout-MinAtar-v1", ""):
-        assert clips.resolve_cli_env(name) is None, name
 
 
 def test_cli_module_unknown_env_names_the_tasks_and_writes_nothing(tmp_path):

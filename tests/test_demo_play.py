@@ -23,16 +23,20 @@ import numpy as np
 import pytest
 
 from rlhp_jax import demos as demos_lib
-from rlhp_jax.envpool_envs import ATARI_GAMES, EnvpoolVecEnv
+from rlhp_jax.envpool_envs import EnvpoolVecEnv
 from rlhp_jax.envs import make_env
 from rlhp_jax.core import EnvSpec, StepOut
 from rlhp_jax.human import play
 from rlhp_jax.human.__main__ import main
 from rlhp_jax.human.server import MAX_BODY, ServerThread
+from rlhp_jax.tasks import TASKS, names
+
+ATARI_GAMES = names("atari")
+MINATAR_ACTION_SETS = {name: TASKS[name].play_actions for name in names("gymnax") if TASKS[name].play_actions}
 
 SEED = 11
 TOKEN = "play-Token_7"
-PONG = {name: i for i, name in enumerate(play.MINIMAL_ACTION_SETS["Pong"])}  # NOOP FIRE RIGHT LEFT ...
+PONG = {name: i for i, name in enumerate(TASKS["Pong"].play_actions)}  # NOOP FIRE RIGHT LEFT ...
 
 
 # ----------------------------------------------------------------------------- the action tables
@@ -49,7 +53,7 @@ def test_action_tables_match_envpool(game):
 
 
 def test_minatar_action_tables_match_gymnax():
-    for name, actions in play.MINATAR_ACTION_SETS.items():
+    for name, actions in MINATAR_ACTION_SETS.items():
         assert len(actions) == make_env(name, 1).spec.num_actions, name
     with pytest.raises(ValueError, match="Atari games only"):
         play.action_names("Breakout-MinAtar", full_action_space=True)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from rlhp_jax import queries
-from rlhp_jax.envpool_envs import MUJOCO_TASKS, EnvpoolVecEnv, healthy
+from rlhp_jax import tasks
+from rlhp_jax.envpool_envs import EnvpoolVecEnv, healthy
 from rlhp_jax.envs import make_env
 from rlhp_jax.rollout import collect_rollout
 
@@ -121,13 +122,14 @@ PENDULUM_RANGE_KEYS = {"healthy_z_min", "healthy_z_max"}
 def test_mujoco_tasks_change_only_what_a1_changes():
     """A.1 removes the control costs and A replaces early termination by a penalty: nothing else of
     envpool's tasks (their contact costs included) is changed."""
-    for name, task in MUJOCO_TASKS.items():
-        opts = dict(task.options)
+    for name in tasks.names("mujoco"):
+        options = tasks.TASKS[name].mujoco.options
+        opts = dict(options)
         if name.startswith("Inverted"):
             assert set(opts) <= PENDULUM_RANGE_KEYS, name
         else:
             assert set(opts) <= set(A1_MODIFICATIONS), name
-            assert all(A1_MODIFICATIONS[k] == v for k, v in task.options), name
+            assert all(A1_MODIFICATIONS[k] == v for k, v in options), name
 
 
 def test_clips_last_one_and_a_half_seconds_of_each_tasks_own_time():
@@ -138,18 +140,19 @@ def test_clips_last_one_and_a_half_seconds_of_each_tasks_own_time():
 
     from rlhp_jax.clips import mujoco_asset
 
-    for name, task in MUJOCO_TASKS.items():
-        spec = envpool.make_spec(task.env_id).config
+    for name in tasks.names("mujoco"):
+        task, model = tasks.TASKS[name], tasks.TASKS[name].mujoco
+        spec = envpool.make_spec(task.envpool_id).config
         xml, frame_skip = mujoco_asset(name)
-        assert frame_skip == task.frame_skip == spec.frame_skip, name
-        assert mujoco.MjModel.from_xml_path(xml).opt.timestep == pytest.approx(task.model_timestep), name
-        assert task.episode_steps == spec.max_episode_steps, name
-        seconds = task.segment_length * task.control_timestep
-        if task.episode_steps * task.control_timestep >= 1.5:
-            assert abs(seconds - 1.5) <= task.control_timestep / 2 + 1e-9, (name, seconds)
+        assert frame_skip == model.frame_skip == spec.frame_skip, name
+        assert mujoco.MjModel.from_xml_path(xml).opt.timestep == pytest.approx(model.model_timestep), name
+        assert task.horizon == spec.max_episode_steps, name
+        seconds = task.segment_length * model.control_timestep
+        if task.horizon * model.control_timestep >= 1.5:
+            assert abs(seconds - 1.5) <= model.control_timestep / 2 + 1e-9, (name, seconds)
         else:
-            assert task.segment_length == task.episode_steps, name
-    assert MUJOCO_TASKS["Hopper"].segment_length == MUJOCO_TASKS["Walker2d"].segment_length == 188
+            assert task.segment_length == task.horizon, name
+    assert tasks.TASKS["Hopper"].segment_length == tasks.TASKS["Walker2d"].segment_length == 188
     assert make_env("Hopper", 1).spec.segment_length == 188
 
 

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlhp_jax.envs import make_env, supported_envs
+from rlhp_jax.envs import make_env
+from rlhp_jax.tasks import names as supported_envs
 
 STEPS = 600
 NUM_ENVS = 4

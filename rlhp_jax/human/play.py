@@ -2,9 +2,10 @@
 
 A :class:`PlaySession` owns one environment (``make_env(name, 1)``: an Atari game through
 envpool, or a MinAtar game through gymnax) and steps it in a background thread at the game's
-normal speed (Atari: 15 agent steps/s, i.e. 60 Hz with frame skip 4; MinAtar: 10 steps/s),
-whatever the browser does.  The action of each step is the one that best matches the keys the
-person holds at that moment (arrows and Space for FIRE, see :func:`action_for_keys`).  Every
+normal speed (its ``tasks.Task.fps``: Atari 15 agent steps/s, i.e. 60 Hz with frame skip 4;
+MinAtar 10 steps/s), whatever the browser does.  The action of each step is the one that best
+matches the keys the person holds at that moment (arrows and Space for FIRE, see
+:func:`action_for_keys`; a game's actions are its ``Task.play_actions``).  Every
 step is recorded with a :class:`~rlhp_jax.demos.DemoRecorder`: the observation the action was
 taken in (exactly what the agent sees: frames stacked and blanked by the same wrapper), the
 action, and the game's raw reward.  A game over ends the episode (envpool's deferred-reset step
@@ -48,40 +49,13 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from rlhp_jax import demos as demos_lib
+from rlhp_jax import tasks
+from rlhp_jax.classic_clips import minatar_cells
+from rlhp_jax.tasks import ALE_ACTIONS
 
 # ---------------------------------------------------------------------------- action sets
-# ALE's 18 actions, in ALE's order (src/common/Constants.h).
-ALE_ACTIONS = ("NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN", "UPRIGHT", "UPLEFT", "DOWNRIGHT", "DOWNLEFT",
-               "UPFIRE", "RIGHTFIRE", "LEFTFIRE", "DOWNFIRE", "UPRIGHTFIRE", "UPLEFTFIRE", "DOWNRIGHTFIRE",
-               "DOWNLEFTFIRE")
-# ALE's minimal action sets (getMinimalActionSet of each game, default mode and difficulty): the
-# order of envpool's actions when ``full_action_space`` is off.  envpool does not expose action
-# meanings; tests/test_demo_play.py checks every length against envpool's action space.
-MINIMAL_ACTION_SETS: dict[str, tuple[str, ...]] = {
-    "BeamRider": ("NOOP", "FIRE", "UP", "RIGHT", "LEFT", "UPRIGHT", "UPLEFT", "RIGHTFIRE", "LEFTFIRE"),
-    "Breakout": ("NOOP", "FIRE", "RIGHT", "LEFT"),
-    "Enduro": ("NOOP", "FIRE", "RIGHT", "LEFT", "DOWN", "DOWNRIGHT", "DOWNLEFT", "RIGHTFIRE", "LEFTFIRE"),
-    "Hero": ALE_ACTIONS,
-    "MontezumaRevenge": ALE_ACTIONS,
-    "Pong": ("NOOP", "FIRE", "RIGHT", "LEFT", "RIGHTFIRE", "LEFTFIRE"),
-    "PrivateEye": ALE_ACTIONS,
-    "Qbert": ("NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN"),
-    "Seaquest": ALE_ACTIONS,
-    "SpaceInvaders": ("NOOP", "FIRE", "RIGHT", "LEFT", "RIGHTFIRE", "LEFTFIRE"),
-}
-# gymnax's MinAtar games: their minimal action sets over MinAtar's ['n','l','u','r','d','f'].
-MINATAR_ACTION_SETS: dict[str, tuple[str, ...]] = {
-    "Asterix-MinAtar": ("NOOP", "LEFT", "UP", "RIGHT", "DOWN"),
-    "Breakout-MinAtar": ("NOOP", "LEFT", "RIGHT"),
-    "Freeway-MinAtar": ("NOOP", "UP", "DOWN"),
-    "Seaquest-MinAtar": ("NOOP", "LEFT", "UP", "RIGHT", "DOWN", "FIRE"),
-    "SpaceInvaders-MinAtar": ("NOOP", "LEFT", "RIGHT", "FIRE"),
-}
-# where the joystick does not move things the way the arrows suggest
-GAME_HINTS = {"Pong": "Pong's paddle follows the joystick turned a quarter: → moves your paddle (the right one) up, "
-                      "← moves it down."}
-MINATAR_FPS = 10.0  # MinAtar has no native speed; 10 steps/s is playable
-
+# A game's actions (ALE names, in the game's order) and its hint are its row of tasks.TASKS
+# (``play_actions``, ``play_hint``); tests/test_demo_play.py checks every length against the game.
 KEYS = ("up", "down", "left", "right", "fire")
 _OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 MAX_KEYS = 8  # a request naming more keys than this is refused
@@ -96,21 +70,17 @@ class PlayError(Exception):
 
 
 def playable_envs() -> list[str]:
-    return sorted(MINIMAL_ACTION_SETS) + sorted(MINATAR_ACTION_SETS)
+    return [name for backend in ("atari", "gymnax") for name in tasks.names(backend) if tasks.TASKS[name].play_actions]
 
 
 def action_names(env_name: str, full_action_space: bool = False) -> tuple[str, ...]:
     """The meaning of each action index of ``env_name`` (ALE names: NOOP, FIRE, UP, UPRIGHTFIRE, ...)."""
-    from rlhp_jax import envpool_envs
-
-    if env_name in MINATAR_ACTION_SETS:
-        if full_action_space:
-            raise ValueError("--full-action-space applies to the Atari games only (MinAtar games have their own set)")
-        return MINATAR_ACTION_SETS[env_name]
-    canonical = envpool_envs.canonical_task(env_name)
-    if canonical is None or canonical[0] != "atari" or canonical[1] not in MINIMAL_ACTION_SETS:
+    task = tasks.find(env_name)
+    if task is None or not task.play_actions:
         raise ValueError(f"{env_name!r} cannot be played in the browser; playable games: {', '.join(playable_envs())}")
-    return ALE_ACTIONS if full_action_space else MINIMAL_ACTION_SETS[canonical[1]]
+    if task.backend != "atari" and full_action_space:
+        raise ValueError("--full-action-space applies to the Atari games only (MinAtar games have their own set)")
+    return ALE_ACTIONS if full_action_space else task.play_actions
 
 
 def components(action: str) -> frozenset[str]:
@@ -144,23 +114,16 @@ def action_for_keys(keys: Sequence[str], actions: Sequence[str]) -> int:
 
 
 # ---------------------------------------------------------------------------- frames for the page
-# MinAtar: one colour per channel, later channels drawn over earlier ones (black background).
-_PALETTE = np.array([[255, 214, 10], [231, 76, 60], [52, 152, 219], [46, 204, 113], [155, 89, 182],
-                     [230, 126, 34], [26, 188, 156], [236, 240, 241], [241, 196, 15], [149, 165, 166]], np.uint8)
-
-
-def frame_image(obs: np.ndarray, stack: int) -> np.ndarray:
+def frame_image(obs: np.ndarray, stack: int, env_name: str) -> np.ndarray:
     """What the page draws: Atari the observation's newest frame ([H, W] uint8, already blanked),
-    MinAtar its channels coloured ([H, W, 3] uint8)."""
+    MinAtar its cells in the colours of the labeling clips (``classic_clips.minatar_cells``:
+    [H, W, 3] uint8)."""
     obs = np.asarray(obs)
     if stack > 1:
         return np.ascontiguousarray(obs[..., -1], np.uint8)
     if obs.dtype == np.uint8 and obs.ndim == 2:
         return obs
-    img = np.zeros((*obs.shape[:2], 3), np.uint8)
-    for c in range(obs.shape[-1]):
-        img[obs[..., c] > 0.5] = _PALETTE[c % len(_PALETTE)]
-    return img
+    return minatar_cells(env_name, obs)
 
 
 # ---------------------------------------------------------------------------- the session
@@ -183,7 +146,8 @@ class PlaySession:
         if episodes is not None and episodes < 1:
             raise ValueError(f"--episodes must be at least 1, got {episodes}")
         self.actions = action_names(env_name, full_action_space)
-        self.atari = env_name not in MINATAR_ACTION_SETS
+        task = tasks.resolve(env_name)
+        self.atari = task.backend == "atari"
         if seed is None:
             seed = int(time.time_ns() % (2**31))
         if env is None:
@@ -195,9 +159,10 @@ class PlaySession:
             raise ValueError(f"a play session steps one environment, got num_envs={env.num_envs}")
         if len(self.actions) != env.spec.num_actions:
             raise ValueError(f"{env_name} has {env.spec.num_actions} actions but the action table here names "
-                             f"{len(self.actions)}: the table in rlhp_jax/human/play.py does not match this envpool")
+                             f"{len(self.actions)}: its play_actions in rlhp_jax/tasks.py do not match this game")
         self.env, self.env_name, self.seed = env, env.spec.name, seed
-        self.fps = float(fps or getattr(env, "fps", None) or MINATAR_FPS)
+        self.task_name = task.name
+        self.fps = float(fps or getattr(env, "fps", None) or task.fps)
         if not self.fps > 0:
             raise ValueError(f"fps must be positive, got {fps}")
         self.out = None if out is None else Path(out)
@@ -321,7 +286,7 @@ class PlaySession:
 
     def _set_obs(self, obs: np.ndarray) -> None:
         self._obs = obs
-        img = frame_image(obs, self.fmt.stack)
+        img = frame_image(obs, self.fmt.stack, self.task_name)
         self._frame = (img.shape[1], img.shape[0], 1 if img.ndim == 2 else img.shape[2],
                        base64.b64encode(img.tobytes()).decode("ascii"))
         self._seq += 1
@@ -529,7 +494,7 @@ def add_play_routes(app, session: PlaySession, title: str | None = None):
 
     title = title or f"Play {session.env_name}: record demonstrations"
     settings = dict(env=session.env_name, fps=session.fps, actions=list(session.actions),
-                    hint=GAME_HINTS.get(session.env_name, ""),
+                    hint=getattr(tasks.find(session.env_name), "play_hint", ""),
                     episodes_wanted=session.episodes_wanted, out=None if session.out is None else str(session.out))
     page = (_STATIC / "play.html").read_text(encoding="utf-8")
     page = (page.replace("{{TITLE}}", html.escape(title))
