@@ -53,8 +53,8 @@ from jax.flatten_util import ravel_pytree
 
 from rlhp_jax.agents.common import (ActorCriticAgent, AgentState, check_config, check_minibatches, compute_gae,
                                     weighted_mean)
-from rlhp_jax.core import EnvSpec
-from rlhp_jax.core import Rollout
+from rlhp_jax.core import EnvSpec, Rollout
+from rlhp_jax.tasks import find
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,15 +90,15 @@ class TRPOConfig:
 
 # A.1: "we add an entropy bonus of 0.01 on all tasks except swimmer, where we use an entropy
 # bonus of 0.001".  Keys are task names without version suffix, lower case.
-PRESETS: dict[str, TRPOConfig] = {
-    "swimmer": TRPOConfig(ent_coef=0.001),
+PRESETS: dict[str, TRPOConfig] = {  # keyed by the task registry's names
+    "Swimmer": TRPOConfig(ent_coef=0.001),
 }
 
 
 def preset(env_name: str) -> TRPOConfig:
     """The A.1 config for ``env_name`` ('Swimmer', 'Swimmer-v4', ...), or the defaults."""
-    base = env_name.split("-v")[0].lower()
-    return PRESETS.get(base, TRPOConfig())
+    task = find(env_name)
+    return PRESETS.get(task.name, TRPOConfig()) if task is not None else TRPOConfig()
 
 
 # -- splitting the parameter tree --------------------------------------------------------------
