@@ -24,7 +24,10 @@ import time
 
 import numpy as np
 
-from rlhp_jax import clips, tasks
+from rlhp_jax import tasks
+from rlhp_jax.render.atari import atari_clip_frames
+from rlhp_jax.render.mujoco import MujocoRenderer, reconstruct_state
+from rlhp_jax.render.video import encode_mp4
 
 
 def _mujoco_states(task: str, steps: int, seed: int = 0):
@@ -50,9 +53,9 @@ def bench_atari(tmpdir: str, repeats: int) -> dict:
     render, encode = [], []
     for i in range(repeats):
         t0 = time.perf_counter()
-        frames = clips.atari_clip_frames(obs, scale=4)
+        frames = atari_clip_frames(obs, scale=4)
         t1 = time.perf_counter()
-        clips.encode_mp4(frames, os.path.join(tmpdir, f"atari{i}.mp4"), tasks.TASKS["Pong"].fps)
+        encode_mp4(frames, os.path.join(tmpdir, f"atari{i}.mp4"), tasks.TASKS["Pong"].fps)
         t2 = time.perf_counter()
         render.append(t1 - t0)
         encode.append(t2 - t1)
@@ -63,10 +66,10 @@ def bench_atari(tmpdir: str, repeats: int) -> dict:
 
 def bench_mujoco(task: str, size: int, every: int, tmpdir: str, repeats: int) -> dict:
     t0 = time.perf_counter()
-    renderer = clips.MujocoRenderer(task, size, size)
+    renderer = MujocoRenderer(task, size, size)
     steps = math.ceil(1.5 * renderer.fps)
     obs, info = _mujoco_states(task, steps)
-    qpos, qvel = clips.reconstruct_state(task, obs, info)
+    qpos, qvel = reconstruct_state(task, obs, info)
     qpos, qvel = qpos[::every], qvel[::every]
     renderer.render_qpos(qpos[:1], qvel[:1])  # first frame compiles shaders, uploads textures
     setup = time.perf_counter() - t0
@@ -77,7 +80,7 @@ def bench_mujoco(task: str, size: int, every: int, tmpdir: str, repeats: int) ->
         frames = renderer.render_qpos(qpos, qvel)
         t1 = time.perf_counter()
         path = os.path.join(tmpdir, f"{task}{every}_{i}.mp4")
-        clips.encode_mp4(frames, path, fps)
+        encode_mp4(frames, path, fps)
         t2 = time.perf_counter()
         render.append(t1 - t0)
         encode.append(t2 - t1)

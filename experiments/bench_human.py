@@ -73,11 +73,11 @@ def bench_prepare(env: str, pairs: int) -> dict:
                   render=np.cumsum(rng.normal(size=(pairs, 2, t, len(fields))), axis=2).astype(np.float32) * 0.05)
     with tempfile.TemporaryDirectory() as d:
         teacher = HumanTeacher(d, env, render_fields=fields)
-        teacher.ask({k: v[:1] for k, v in arrays.items()}, [{}])  # warm-up: renderer and encoder start
+        teacher.queue({k: v[:1] for k, v in arrays.items()}, [{}])  # warm-up: renderer and encoder start
         teacher.wait_idle()
         teacher.seconds_rendering = 0.0
         t0 = time.perf_counter()
-        teacher.ask(arrays, [{}] * pairs)
+        teacher.queue(arrays, [{}] * pairs)
         teacher.wait_idle()
         wall = time.perf_counter() - t0
         teacher.close()

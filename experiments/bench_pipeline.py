@@ -168,7 +168,7 @@ def main(argv=None):
     p.add_argument("--iterations", type=int, default=8, help="iterations of the end-to-end run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
-                   help="further entry-point flags, e.g. --extra --members 1 --iteration-steps 800")
+                   help="further entry-point flags, e.g. --extra --ensemble.num-members 1 --iteration-steps 800")
     args = p.parse_args(argv)
     results = []
     for task in args.tasks:

@@ -9,6 +9,11 @@
 
 Writes ``metrics.jsonl``/``metrics.csv`` (one row per iteration), TensorBoard events,
 ``learning_curve.png``, checkpoints, ``config.json`` and ``summary.json`` to ``--out``.
+
+Budgets per task (CartPole-v1 200 labels / 60k steps, Pendulum-v1 1,000 / 150k, others 500 / 100k)
+and ``--agent dqfd``'s tenth-scale Ibarz protocol for MinAtar are ``rlhp_jax.presets``' (from
+Python: ``RunConfig.paper("CartPole-v1")``); every flag below the first group sets the config
+field it is named after.
 """
 
 from __future__ import annotations
@@ -17,38 +22,7 @@ import sys
 
 from experiments.cli import Domain, main as cli_main
 
-# Per-task budgets of this entry point: the ones the BUILD_NOTES targets are measured at.
-# CartPole from preferences is seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k
-# steps seeds 0, 1 and 4 end at 500, seeds 2 and 3 reach 500 / 471 and fall back to 328 / 365;
-# longer runs (100k), longer clips, γ = 0.995 and random queries did not fix it.
-DEFAULTS = {
-    "CartPole-v1": dict(labels=200, steps=60_000),
-    "Pendulum-v1": dict(labels=1000, steps=150_000),
-}
-
-
-def settings(args, env: str) -> dict:
-    d = DEFAULTS.get(env, dict(labels=500, steps=100_000))
-    return dict(labels=d["labels"] if args.labels is None else args.labels,
-                steps=d["steps"] if args.steps is None else args.steps)
-
-
-def ibarz_settings(args, env: str) -> dict:
-    """Ibarz et al.'s protocol at a tenth of the paper's scale for the MinAtar games (CPU-sized):
-    iterations of 10,000 steps, 680 labels (50 initial), a tenth of each pretraining phase."""
-    return dict(total_steps=1_000_000, iteration_steps=10_000, labels=680, rate_constant=5e5, bc_batches=2_000,
-                rm_pretrain_batches=5_000, second_pretrain_batches=6_000, rm_batches_per_iteration=625)
-
-
-def _tasks():
-    from rlhp_jax import tasks
-
-    return tasks.names("gymnax")
-
-
-DOMAIN = Domain(prog="python -m experiments.classic", doc=__doc__, tasks=_tasks, default_env="CartPole-v1",
-                default_agent="ppo", settings=settings, out_root="runs/classic",
-                ibarz_settings=ibarz_settings)
+DOMAIN = Domain(prog="python -m experiments.classic", doc=__doc__, backend="gymnax", default_env="CartPole-v1")
 
 
 def main(argv=None) -> int:

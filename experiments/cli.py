@@ -1,8 +1,41 @@
-"""The command line every experiment entry point shares: flags, config building, run and resume.
+"""The command line every experiment entry point shares: flags generated from the config fields,
+configs built by the papers' presets (:mod:`rlhp_jax.presets`), run and resume.
 
-Each domain module (``experiments.classic``, ``experiments.atari``, ``experiments.mujoco``)
-gives a :class:`Domain` — which tasks it runs, its default agent and the paper's settings as a
-``RunConfig`` builder — and calls :func:`main`.
+Each domain module (``experiments.classic``, ``experiments.atari``, ``experiments.mujoco``) gives a
+:class:`Domain` — a backend of the task registry, whose tasks it runs — and calls :func:`main`.
+A command line builds the config that ``RunConfig.paper(TASK, ...)`` (``--agent dqfd``:
+``presets.ibarz(IbarzConfig, TASK, ...)``) builds from the same settings.
+
+**Flag names.**  Every setting of the config has one flag, named after the field it sets: the
+field's path, each ``_`` written ``-``, a nested config's fields after a dot (the convention of
+dataclass CLIs such as tyro) — ``--segment-length`` sets ``segment_length``,
+``--ensemble.num-members`` sets ``ensemble.num_members``, ``--teacher.mistake-rate`` the synthetic
+teacher's ``mistake_rate``, ``--replay.capacity`` the Ibarz replay's.  A True/False field has two:
+``--wait-for-initial-labels`` / ``--no-wait-for-initial-labels``, nested
+``--ensemble.adaptive-l2`` / ``--ensemble.no-adaptive-l2``.  An optional field takes ``none``; a
+tuple field a Python literal; a value that starts with ``-`` and is no number takes ``=``
+(``--teacher.skip-below=-inf``).  A field both protocols have (``segment_length``,
+``rate_constant``, ``iteration_steps``, ``keep_checkpoints``, ``env_options``, ``teacher.*``) has one
+flag, which sets it in whichever config is built.  One flag is not named after its field:
+IbarzConfig's ``initial_labels`` is a count, set by ``--initial-label-count`` like RunConfig's
+``initial_label_count``; there is no ``--initial-labels`` (it used to be a fraction: now
+``--initial-label-fraction``).  A flag's help is its field's comment in the source
+(``config_fields.field_docs``), with the value the entry point's default task has.  A flag left
+out leaves the preset's value; abbreviations are not accepted.
+
+**Flags that are no field**: ``--env`` (the task), ``--labels``, ``--steps`` (``total_steps``),
+``--seed``, ``--agent``, ``--agent-config FIELD=VALUE`` (the agent's config, whose fields depend on
+the agent), ``--teacher synthetic|human`` (``label_source``), ``--baseline`` (RL on the true reward),
+``--ablation``, ``--out``, ``--resume``, ``--no-progress``, and the labeling page's ``--host``,
+``--port``, ``--token``, ``--instructions``, ``--lease``.
+
+Flags renamed when they became field names (:data:`RENAMED`; the old spellings are refused with
+the new name): ``--members`` → ``--ensemble.num-members``, ``--initial-labels`` (a fraction) →
+``--initial-label-fraction``, ``--max-pending`` → ``--max-pending-queries``, ``--no-wait`` →
+``--no-wait-for-initial-labels``, ``--mistake-rate``/``--beta``/``--myopic-gamma``/``--skip-below``/
+``--tie-within`` → ``--teacher.mistake-rate``/``.beta``/``.gamma``/``.skip-below``/``.tie-within``,
+``--rm-batches`` → ``--rm-batches-per-iteration``, ``--replay-capacity`` → ``--replay.capacity``,
+``--envs`` → ``--num-envs``, ``--ppo`` → ``--agent-config``.
 """
 
 from __future__ import annotations
@@ -11,165 +44,322 @@ import argparse
 import ast
 import dataclasses
 import json
-import math
 import sys
+import textwrap
 from pathlib import Path
-from typing import Callable
+from typing import Any
+
+# fields set by the flags that are no field, or by none
+NOT_FLAGS = ("env", "total_steps", "labels", "seed", "agent", "agent_config", "reward_source", "label_source",
+             "ablation", "out", "protocol")
+IBARZ_AS = {"initial_labels": "initial_label_count"}  # IbarzConfig field -> the flag (dest) that sets it
+HUMAN_FIELDS = ("max_pending_queries", "wait_for_initial_labels", "query_max_age_steps")  # help group
+EXTRA_HELP = {  # for fields whose comment says too little on its own
+    "eval_episodes": "episodes per evaluation",
+    "keep_checkpoints": "newest checkpoints kept",
+    "rm_batches_per_iteration": "reward-model batches per iteration",
+    "env_options": "environment options",
+    "setup": "which of the setups above",
+}
+RENAMED = {
+    "--members": "--ensemble.num-members",
+    "--initial-labels": "--initial-label-fraction (a fraction of the budget; a number of labels is "
+                        "--initial-label-count)",
+    "--max-pending": "--max-pending-queries",
+    "--no-wait": "--no-wait-for-initial-labels",
+    "--mistake-rate": "--teacher.mistake-rate",
+    "--beta": "--teacher.beta",
+    "--myopic-gamma": "--teacher.gamma",
+    "--skip-below": "--teacher.skip-below",
+    "--tie-within": "--teacher.tie-within",
+    "--rm-batches": "--rm-batches-per-iteration",
+    "--replay-capacity": "--replay.capacity",
+    "--envs": "--num-envs",
+    "--ppo": "--agent-config",
+}
+SERVER_FLAGS = ("host", "port", "token", "instructions", "lease")  # how the page is served, not part of the run
 
 
 @dataclasses.dataclass(frozen=True)
 class Domain:
     prog: str  # "python -m experiments.atari"
     doc: str
-    tasks: Callable[[], list[str]]  # the environment names this entry point accepts
+    backend: str  # rlhp_jax.tasks.BACKENDS: the tasks it runs; its presets are rlhp_jax.presets'
     default_env: str
-    default_agent: str
-    # (args, env name) -> RunConfig keyword arguments with the domain's (paper) defaults;
-    # args.labels / args.steps are None when the user did not give them
-    settings: Callable[[argparse.Namespace, str], dict]
-    out_root: str
-    segments_ablation: bool = True  # Christiano ran "no segments" on the robotics tasks only
-    # (args, env) -> IbarzConfig keyword arguments for --agent dqfd (None: the agent is not offered)
-    ibarz_settings: Callable[[argparse.Namespace, str], dict] | None = None
+
+    def tasks(self) -> list[str]:
+        from rlhp_jax import tasks
+
+        return tasks.names(self.backend)
+
+    @property
+    def default_agent(self) -> str:
+        from rlhp_jax import presets
+
+        return presets.AGENTS[self.backend]
+
+    @property
+    def offers_dqfd(self) -> bool:
+        """Whether Ibarz et al.'s protocol runs here (``--agent dqfd``: discrete actions)."""
+        from rlhp_jax import presets
+
+        return self.backend in presets.IBARZ
+
+
+# ------------------------------------------------------------------ flags from fields
+@dataclasses.dataclass(frozen=True)
+class FieldFlag:
+    """One generated flag: the field path it sets in a RunConfig and/or an IbarzConfig."""
+
+    dest: str  # its attribute on the parsed arguments: the field path
+    christiano: str | None  # RunConfig field path (None: Ibarz only)
+    ibarz: str | None  # IbarzConfig field path (None: Christiano only)
+    hint: Any  # declared type
+
+    @property
+    def name(self) -> str:
+        return flag_name(self.dest)
+
+    @property
+    def negative(self) -> str:
+        """A bool field's second flag: ``--no-x``, nested ``--a.no-x``."""
+        return flag_name(self.dest, False)
+
+
+def flag_name(dest: str, value: Any = None) -> str:
+    """The flag that sets ``dest`` (to ``value``: False gives a bool field's ``--no-`` form)."""
+    head, _, last = dest.rpartition(".")
+    last = ("no-" if value is False else "") + last
+    return "--" + (f"{head}.{last}" if head else last).replace("_", "-")
+
+
+def field_flags(domain: Domain) -> list[FieldFlag]:
+    """Every flag generated from the configs this entry point builds: RunConfig's fields, and
+    IbarzConfig's where ``--agent dqfd`` is offered (module docstring: the naming rule)."""
+    from rlhp_jax.config import RunConfig
+    from rlhp_jax.config_fields import field_paths
+
+    flags = {path: FieldFlag(path, path, None, hint) for path, hint in field_paths(RunConfig, skip=NOT_FLAGS)}
+    if domain.offers_dqfd:
+        for path, hint in field_paths(_ibarz_classes()[0], skip=NOT_FLAGS):
+            dest = IBARZ_AS.get(path, path)
+            flags[dest] = (dataclasses.replace(flags[dest], ibarz=path) if dest in flags
+                           else FieldFlag(dest, None, path, hint))
+    return list(flags.values())
+
+
+def _ibarz_classes():
+    """``IbarzConfig`` and ``SETUPS`` (in ``rlhp_jax.config``; ``rlhp_jax.ibarz`` before they moved)."""
+    try:
+        from rlhp_jax.config import SETUPS, IbarzConfig
+    except ImportError:
+        from rlhp_jax.config import SETUPS, IbarzConfig
+    return IbarzConfig, SETUPS
+
+
+class _Toggle(argparse.Action):
+    """A bool field's two flags: the first sets True, the ``no-`` one False."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, option_string == self.option_strings[0])
+
+
+class _Renamed(argparse.Action):
+    """An old flag's spelling: refused, naming the new one."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        super().__init__(option_strings, dest, nargs="*", **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.new}")
+
+
+def _text_type(hint, flag: str):
+    from rlhp_jax.config_fields import from_text
+
+    def parse(text: str):
+        try:
+            return from_text(hint, text, flag)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = flag
+    return parse
+
+
+def _show(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _value_at(config, path: str):
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def _help(doc: str, shown: str) -> str:
+    text = f"{doc} (default {shown})" if doc else f"default {shown}"
+    return text.replace("%", "%%")
 
 
 def build_parser(domain: Domain) -> argparse.ArgumentParser:
+    from rlhp_jax import presets
     from rlhp_jax.agents import AGENTS
-    from rlhp_jax.config import ABLATIONS
+    from rlhp_jax.config import ABLATIONS, RunConfig
+    from rlhp_jax.config_fields import field_docs, field_types
     from rlhp_jax.human.server import add_server_flags
 
-    p = argparse.ArgumentParser(prog=domain.prog, description=domain.doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default=domain.default_env, help=f"task (default {domain.default_env})")
-    p.add_argument("--labels", type=int, default=None, help="synthetic-label budget (default per task)")
-    p.add_argument("--steps", type=int, default=None, help="environment steps of RL (default per task)")
-    p.add_argument("--seed", type=int, default=0)
-    agents = AGENTS + (("dqfd",) if domain.ibarz_settings is not None else ())
+    env = domain.default_env
+    per_task = {t: presets.TASK_BUDGETS[t] for t in domain.tasks() if t in presets.TASK_BUDGETS}
+    others = "other tasks " if per_task else ""
+    labels, steps = presets.BUDGETS[domain.backend]
+    labels_help = ", ".join([*(f"{t} {b[0]}" for t, b in per_task.items()), f"{others}{labels}"])
+    steps_help = ", ".join([*(f"{t} {b[1]}" for t, b in per_task.items()), f"{others}{steps}"])
+    ibarz_values, ibarz_docs = {}, {}
+    if domain.offers_dqfd:
+        IbarzConfig, SETUPS = _ibarz_classes()
+        ibarz_values = presets.ibarz_values(env)
+        ibarz_docs = field_docs(IbarzConfig)
+        dq_labels = ibarz_values.get("labels", IbarzConfig.labels)
+        dq_steps = ibarz_values.get("total_steps", IbarzConfig.total_steps)
+        labels_help += f"; --agent dqfd: {dq_labels}"
+        steps_help += f"; --agent dqfd: {dq_steps}"
+
+    p = argparse.ArgumentParser(
+        prog=domain.prog, description=domain.doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, usage="%(prog)s [-h] [--env TASK] [--labels N] [--steps N] [--seed N] [--agent NAME] "
+                                  "[--out DIR | --resume RUN_DIR] [FLAG ...]",
+        epilog=textwrap.fill(
+            f"Every flag after the first group sets the config field it is named after (--ensemble.num-members: "
+            f"ensemble.num_members; --x / --no-x for a True/False field; 'none' for an optional one; a value that "
+            f"starts with '-' and is no number takes '=', as in --teacher.skip-below=-inf). A flag left out keeps "
+            f"the preset's value, shown as the default for {env}. From Python: RunConfig.paper(TASK, labels, seed, "
+            f"**fields) builds the same config (rlhp_jax.presets).", 100))
+    p.add_argument("--env", metavar="TASK", default=env,
+                   help=f"task (default {env}): {', '.join(domain.tasks())}")
+    p.add_argument("--labels", metavar="N", type=int, default=None,
+                   help=f"label budget (default per task: {labels_help})")
+    p.add_argument("--steps", metavar="N", type=int, default=None,
+                   help=f"environment steps of RL, total_steps (default per task: {steps_help})")
+    p.add_argument("--seed", metavar="N", type=int, default=0, help="random seed (default 0)")
+    agents = AGENTS + (("dqfd",) if domain.offers_dqfd else ())
     p.add_argument("--agent", choices=agents, default=domain.default_agent,
                    help=f"RL algorithm (default {domain.default_agent})"
-                        + ("; dqfd runs Ibarz et al. 2018's protocol (flags below)" if "dqfd" in agents else ""))
+                        + ("; dqfd runs Ibarz et al. 2018's protocol (flags below)" if domain.offers_dqfd else ""))
+    p.add_argument("--agent-config", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="override fields of the agent's preset, e.g. --agent-config lr=3e-4 ent_coef=0.01")
     p.add_argument("--teacher", choices=["synthetic", "human"], default="synthetic",
-                   help="who labels: the synthetic oracle (true reward, optionally noisy: flags below), or people "
-                        "in a browser (human: a labeling page is served while the agent trains)")
+                   help="who labels (label_source): the synthetic oracle (the true reward, optionally noisy: "
+                        "--teacher.* below), or people in a browser (human: a labeling page is served while the "
+                        "agent trains)")
     p.add_argument("--ablation", choices=sorted(ABLATIONS), default=None,
                    help="Christiano §3.3 ablation: " + "; ".join(f"{k}: {v}" for k, v in ABLATIONS.items()))
     p.add_argument("--baseline", action="store_true", help="train the same agent on the true reward instead")
-    p.add_argument("--out", default=None, help=f"output directory (default {domain.out_root}/ENV-...-seedN)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help=f"output directory (default {presets.OUT_ROOTS[domain.backend]}/ENV-AGENT-...-seedN)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue a run from its newest checkpoint, with its saved configuration (a run stopped "
                         "before its first checkpoint starts again from it)")
-    p.add_argument("--selection", choices=["disagreement", "random"], default=None,
-                   help="query selection: ensemble disagreement (paper) or random")
-    p.add_argument("--members", type=int, default=None, help="reward-model ensemble size (default 3)")
-    p.add_argument("--segment-length", type=int, default=None, help="clip length in steps (default per task)")
-    p.add_argument("--rate-constant", type=float, default=None, help="c of the label rate c/(T+c)")
-    p.add_argument("--label-horizon", type=int, default=None,
-                   help="step by which the whole label budget is due (default: the run's last step); a run "
-                        "that ends before it asks only the labels due by then")
-    p.add_argument("--initial-labels", type=float, default=None,
-                   help="fraction of the budget asked about clips of the untrained policy")
-    p.add_argument("--pretrain-epochs", type=float, default=None,
-                   help="reward-model epochs over the initial labels before RL (A.2: 200)")
-    p.add_argument("--pretrain-steps", type=int, default=None,
-                   help="reward-model steps on the initial labels before RL (0: none; the MuJoCo preset fits one "
-                        "iteration's share, what A.1's asynchronous predictor has done when the first batch is scored)")
-    p.add_argument("--iteration-steps", type=int, default=None,
-                   help="environment steps per driver iteration (agent updates between label rounds)")
-    p.add_argument("--mistake-rate", type=float, default=0.0, help="oracle flips a label with this probability")
-    p.add_argument("--beta", type=float, default=math.inf, help="Boltzmann-rational oracle temperature (inf: perfect)")
-    p.add_argument("--myopic-gamma", type=float, default=1.0, help="oracle discount over a clip (1: none)")
-    p.add_argument("--skip-below", type=float, default=-math.inf, help="oracle skips when both clip returns are below")
-    p.add_argument("--tie-within", type=float, default=0.0, help="oracle ties when clip returns differ by at most this")
-    p.add_argument("--agent-config", "--ppo", dest="agent_config", nargs="*", default=[], metavar="FIELD=VALUE",
-                   help="override fields of the agent's preset, e.g. --agent-config lr=3e-4 ent_coef=0.01")
-    p.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints")
-    h = p.add_argument_group("human labels (--teacher human)")
-    add_server_flags(h)
-    h.add_argument("--max-pending", type=int, default=None, help="pairs waiting for people at once (default 20)")
-    h.add_argument("--no-wait", action="store_true",
-                   help="start RL without waiting for answers to the first batch of pairs")
-    if domain.ibarz_settings is not None:
-        from rlhp_jax.ibarz import SETUPS
-
-        g = p.add_argument_group("Ibarz et al. 2018 (--agent dqfd)")
-        g.add_argument("--demos", default=None, metavar="PATH", help="demonstration file (rlhp_jax.demos format)")
-        g.add_argument("--setup", choices=list(SETUPS), default=None,
-                       help="; ".join(f"{k}: {v}" for k, v in SETUPS.items()) + " (default demos+prefs)")
-        g.add_argument("--demo-fraction", type=float, default=None, help="use only this fraction of the demos")
-        g.add_argument("--frozen-reward", metavar="RUN_DIR", default=None,
-                       help="train on that finished run's reward model, held fixed (reward-hacking experiment)")
-        g.add_argument("--bc-batches", type=int, default=None, help="first pretraining on the demos (A.4: 20,000)")
-        g.add_argument("--rm-pretrain-batches", type=int, default=None,
-                       help="reward-model batches on the initial labels (A.4: 50,000)")
-        g.add_argument("--second-pretrain-batches", type=int, default=None,
-                       help="second pretraining on the demos with r̂ (A.4: 60,000)")
-        g.add_argument("--rm-batches", type=int, default=None, help="reward-model batches per iteration (A.4: 6,250)")
-        g.add_argument("--replay-capacity", type=int, default=None, help="agent transitions kept (A.3: 1e6)")
-        g.add_argument("--envs", type=int, default=None, help="actors stepping together (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    run = p.add_argument_group("run (RunConfig fields; with --agent dqfd those IbarzConfig has too)"
+                               if domain.offers_dqfd else "run (RunConfig fields)")
+    ens = p.add_argument_group("reward-model ensemble (RunConfig.ensemble)")
+    teacher = p.add_argument_group("synthetic teacher (RunConfig.teacher" +
+                                   (", IbarzConfig.teacher)" if domain.offers_dqfd else ")"))
+    human = p.add_argument_group("human labels (--teacher human)")
+    add_server_flags(human)
+    groups = {"ensemble": ens, "teacher": teacher}
+    if domain.offers_dqfd:
+        groups.update(
+            ibarz=p.add_argument_group(
+                "Ibarz et al. 2018 (--agent dqfd; IbarzConfig fields)",
+                "setups (Ibarz §3):\n" + "\n".join(f"  {k}: {v}" for k, v in SETUPS.items())),
+            replay=p.add_argument_group("prioritized replay (--agent dqfd; IbarzConfig.replay)"),
+            reward_model=p.add_argument_group("reward model (--agent dqfd; IbarzConfig.reward_model)"))
+
+    preset = RunConfig.paper(env)
+    for flag in field_flags(domain):
+        path = flag.christiano or flag.ibarz
+        owner, _, field = path.rpartition(".")
+        if flag.christiano:
+            cls = RunConfig if not owner else type(_value_at(preset, owner))
+            doc = field_docs(cls).get(field, "")
+            shown = _show(_value_at(preset, flag.christiano))
+            group = groups.get(owner, human if path in HUMAN_FIELDS else run)
+            if flag.ibarz:
+                value = _ibarz_value(ibarz_values, flag.ibarz)
+                if _show(value) != shown:
+                    shown += f"; --agent dqfd: {_show(value)}"
+        else:
+            cls = field_types(IbarzConfig).get(owner) if owner else IbarzConfig
+            doc = field_docs(cls).get(field, "")
+            shown = _show(_ibarz_value(ibarz_values, flag.ibarz))
+            group = groups.get(owner, groups.get("ibarz"))
+        doc = "; ".join(filter(None, (EXTRA_HELP.get(field), doc or ibarz_docs.get(field, ""))))
+        names = [flag.name]
+        if flag.hint is bool:
+            names.append(flag.negative)
+            group.add_argument(*names, dest=flag.dest, action=_Toggle, default=argparse.SUPPRESS,
+                               help=_help(doc, shown))
+        else:
+            group.add_argument(flag.name, dest=flag.dest, type=_text_type(flag.hint, flag.name),
+                               default=argparse.SUPPRESS, metavar=_metavar(flag.hint), help=_help(doc, shown))
+    for old, new in RENAMED.items():
+        p.add_argument(old, action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 
-IBARZ_ONLY = ("demos", "setup", "demo_fraction", "frozen_reward", "bc_batches", "rm_pretrain_batches",
-              "second_pretrain_batches", "rm_batches", "replay_capacity", "envs")
+def _metavar(hint) -> str:
+    from rlhp_jax.config_fields import optional_type
+
+    inner = optional_type(hint)
+    base = inner if inner is not None else hint
+    name = {int: "INT", float: "X", str: "TEXT"}.get(base, "LITERAL")
+    return f"{name}|none" if inner is not None else name
 
 
-def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
-    """The Ibarz protocol's config (``--agent dqfd``) from the command line."""
-    from rlhp_jax.ibarz import IbarzConfig
-    from rlhp_jax.replay import ReplayConfig
-    from rlhp_jax.teachers import SyntheticTeacher
+def _ibarz_value(values: dict, path: str):
+    from rlhp_jax.config_fields import field_default
 
-    tasks = domain.tasks()
-    if args.env not in tasks:
-        raise ValueError(f"Unknown environment {args.env!r} for {domain.prog}. Supported: {', '.join(tasks)}.")
-    for flag, bad in (("--baseline", args.baseline), ("--ablation", args.ablation), ("--members", args.members),
-                      ("--selection", args.selection)):
-        if bad:
-            raise ValueError(f"{flag} belongs to Christiano et al.'s setup; with --agent dqfd choose a --setup "
-                             "(Ibarz uses a single reward model and uniformly chosen clips).")
-    if args.label_horizon is not None:
-        raise ValueError("--label-horizon applies to Christiano et al.'s schedule; Ibarz's protocol spends its "
-                         "budget by the run's end (A.3's rate ∝ 5e6/(T + 5e6); --rate-constant changes c).")
-    if args.teacher == "human":
-        raise ValueError("--agent dqfd runs with the synthetic oracle only for now; label with people through "
-                         "the Christiano setup (--agent a2c --teacher human).")
-    d = dict(domain.ibarz_settings(args, args.env))
-    if args.agent_config:
-        from rlhp_jax.agents.dqfd import DQfDConfig
-
-        d["agent_config"] = agent_config("dqfd", args.env, args.agent_config, d.get("agent_config", DQfDConfig()))
-    setup = args.setup or "demos+prefs"
-    given = dict(labels=args.labels, total_steps=args.steps, iteration_steps=args.iteration_steps,
-                 segment_length=args.segment_length, rate_constant=args.rate_constant, demo_fraction=args.demo_fraction,
-                 frozen_reward=args.frozen_reward, bc_batches=args.bc_batches,
-                 rm_pretrain_batches=args.rm_pretrain_batches, second_pretrain_batches=args.second_pretrain_batches,
-                 rm_batches_per_iteration=args.rm_batches, num_envs=args.envs)
-    d.update({k: v for k, v in given.items() if v is not None})
-    if args.replay_capacity is not None:
-        d["replay"] = ReplayConfig(capacity=args.replay_capacity)
-    tag = setup + ("-frozen" if args.frozen_reward else "") + (f"-{d['labels']}labels" if "labels" in d else "")
-    out = args.out or _fresh_dir(f"{domain.out_root}/{args.env}-dqfd-{tag}-seed{args.seed}")
-    teacher = SyntheticTeacher(mistake_rate=args.mistake_rate, beta=args.beta, gamma=args.myopic_gamma,
-                               skip_below=args.skip_below, tie_within=args.tie_within)
-    return IbarzConfig(env=args.env, setup=setup, demos=args.demos, seed=args.seed, out=out, teacher=teacher, **d)
+    IbarzConfig = _ibarz_classes()[0]
+    head, _, rest = path.partition(".")
+    value = values.get(head, field_default(IbarzConfig, head))
+    return _value_at(value, rest) if rest else value
 
 
-def agent_config(agent: str, env: str, overrides: list[str], base=None):
-    """The agent's preset for ``env`` (or ``base``) with FIELD=VALUE overrides: Python literals,
-    except for text fields, which take VALUE as written.  The agent config checks the values
-    itself (declared types, ranges: ``rlhp_jax.agents.common.check_config``), so a value of the
-    wrong kind is a ValueError naming the field, raised before anything is built."""
-    from rlhp_jax.agents import default_config
+def given_fields(args: argparse.Namespace, domain: Domain) -> list[tuple[FieldFlag, Any]]:
+    """The generated flags given on the command line, with their values."""
+    given = vars(args)
+    return [(f, given[f.dest]) for f in field_flags(domain) if f.dest in given]
 
-    cfg = base if base is not None else default_config(agent, env)
-    fields = [f.name for f in dataclasses.fields(cfg)]
+
+# ------------------------------------------------------------------ configs
+def agent_changes(cls, overrides: list[str]) -> dict:
+    """``--agent-config FIELD=VALUE ...`` as changes to an agent config of class ``cls``: Python
+    literals, except for text fields, which take VALUE as written.  The agent config checks the
+    values itself when they are applied (declared types, ranges:
+    ``rlhp_jax.agents.common.check_config``), so a value of the wrong kind is a ValueError naming
+    the field, raised before anything is built."""
+    from rlhp_jax.config_fields import field_types, optional_type
+
+    types = field_types(cls)
     changes = {}
     for item in overrides:
         name, sep, value = item.partition("=")
-        if not sep or name not in fields:
-            raise ValueError(f"--agent-config expects FIELD=VALUE with FIELD one of: {', '.join(fields)}; got {item!r}")
-        if isinstance(getattr(cfg, name), str):
+        if not sep or name not in types:
+            raise ValueError(f"--agent-config expects FIELD=VALUE with FIELD one of: {', '.join(types)}; got {item!r}")
+        if types[name] is str or (optional_type(types[name]) is str and value != "None"):  # text as written
             changes[name] = value
             continue
         try:
@@ -177,67 +367,56 @@ def agent_config(agent: str, env: str, overrides: list[str], base=None):
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             raise ValueError(f"--agent-config {name}: cannot parse {value!r} (a Python literal: 3e-4, (64, 64), "
                              "True, None)") from None
-    try:
-        return dataclasses.replace(cfg, **changes)
-    except ValueError as e:
-        raise ValueError(f"--agent-config: {e}") from None
+    return changes
 
 
-def config_from_args(args: argparse.Namespace, domain: Domain):
-    from rlhp_jax.config import RunConfig, with_ablation
-    from rlhp_jax.ensemble import EnsembleConfig
-    from rlhp_jax.teachers import SyntheticTeacher
-
+def _check_env(args: argparse.Namespace, domain: Domain) -> None:
     tasks = domain.tasks()
     if args.env not in tasks:
         raise ValueError(f"Unknown environment {args.env!r} for {domain.prog}. Supported: {', '.join(tasks)}.")
-    if args.labels is not None and args.labels < 1 and not args.baseline:
-        raise ValueError(f"--labels must be at least 1 (got {args.labels}); use --baseline to train on the true reward.")
-    if args.steps is not None and args.steps < 1:
-        raise ValueError(f"--steps must be positive, got {args.steps}")
-    if args.teacher == "human" and args.baseline:
-        raise ValueError("--baseline trains on the true reward: it asks no one, so it cannot use --teacher human.")
-    if args.teacher == "human" and args.ablation == "target":
-        raise ValueError("The target ablation regresses on true returns: a person gives preferences, not returns.")
-    if args.baseline and args.ablation:
-        raise ValueError("--baseline trains on the true reward: it cannot be combined with --ablation.")
-    if args.pretrain_steps is not None and args.pretrain_epochs is not None:
-        raise ValueError("--pretrain-steps and --pretrain-epochs both set how long the reward model pretrains: "
-                         "give one.")
-    d = domain.settings(args, args.env)
-    labels = d.pop("labels")
-    steps = d.pop("steps")
-    ens_base = d.pop("ensemble", EnsembleConfig())
-    ensemble = dataclasses.replace(ens_base, **({"num_members": args.members} if args.members is not None else {}))
-    agent_cfg = agent_config(args.agent, args.env, args.agent_config, d.pop("agent_config", None))
-    explicit = dict(segment_length=args.segment_length, rate_constant=args.rate_constant,
-                    label_horizon=args.label_horizon,
-                    initial_label_fraction=args.initial_labels, pretrain_epochs=args.pretrain_epochs,
-                    pretrain_steps=args.pretrain_steps,
-                    iteration_steps=args.iteration_steps, selection=args.selection,
-                    checkpoint_every=args.checkpoint_every, max_pending_queries=args.max_pending)
+
+
+def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
+    """The Ibarz protocol's config (``--agent dqfd``) from the command line: ``presets.ibarz``."""
+    from rlhp_jax import presets
+    from rlhp_jax.agents.dqfd import DQfDConfig
+
+    _check_env(args, domain)
+    given = given_fields(args, domain)
+    christiano_only = [flag for flag, on in (("--baseline", args.baseline), ("--ablation", args.ablation)) if on]
+    christiano_only += [f.name for f, _ in given if f.ibarz is None and f.dest != "label_horizon"]
+    if christiano_only:
+        raise ValueError(f"{' '.join(christiano_only)} belong{'s' if len(christiano_only) == 1 else ''} to "
+                         "Christiano et al.'s setup; with --agent dqfd choose a --setup (Ibarz uses a single reward "
+                         "model and uniformly chosen clips).")
+    if any(f.dest == "label_horizon" for f, _ in given):
+        raise ValueError("--label-horizon applies to Christiano et al.'s schedule; Ibarz's protocol spends its "
+                         "budget by the run's end (A.3's rate ∝ 5e6/(T + 5e6); --rate-constant changes c).")
     if args.teacher == "human":
-        d.update(label_source="human", wait_for_initial_labels=not args.no_wait)
-    d.update({k: v for k, v in explicit.items() if v is not None})
-    if args.initial_labels is not None:
-        d["initial_label_count"] = None
-    if args.pretrain_steps is not None:  # in place of the preset's epochs (A.2)
-        d["pretrain_epochs"] = None
-    tag = "baseline" if args.baseline else f"{labels}labels" + (f"-{args.ablation}" if args.ablation else "") \
-        + ("-human" if args.teacher == "human" else "")
-    out = args.out or _fresh_dir(f"{domain.out_root}/{args.env}-{args.agent}-{tag}-seed{args.seed}")
-    cfg = RunConfig(
-        env=args.env, total_steps=steps, labels=max(labels, 1), seed=args.seed, agent=args.agent,
-        agent_config=agent_cfg, reward_source="true" if args.baseline else "model", out=out,
-        ensemble=ensemble,
-        teacher=SyntheticTeacher(mistake_rate=args.mistake_rate, beta=args.beta, gamma=args.myopic_gamma,
-                                 skip_below=args.skip_below, tie_within=args.tie_within),
-        **d,
-    )
-    if args.ablation == "no_segments" and not domain.segments_ablation:
-        raise ValueError("The no_segments ablation is defined for the robotics tasks only (Christiano §3.3): "
-                         "the Atari reward model reads a stack of consecutive frames.")
-    return with_ablation(cfg, args.ablation)
+        raise ValueError("--agent dqfd runs with the synthetic oracle only for now; label with people through "
+                         "the Christiano setup (--agent a2c --teacher human).")
+    IbarzConfig = _ibarz_classes()[0]
+    agent = agent_changes(DQfDConfig, args.agent_config) if args.agent_config else None
+    cfg = presets.ibarz(IbarzConfig, args.env, args.labels, args.seed, steps=args.steps, out=args.out,
+                        agent_config=agent, **{f.ibarz: value for f, value in given})
+    return cfg if args.out else dataclasses.replace(cfg, out=_fresh_dir(cfg.out))
+
+
+def config_from_args(args: argparse.Namespace, domain: Domain):
+    """Christiano et al.'s config from the command line: ``RunConfig.paper``."""
+    from rlhp_jax.agents import default_config
+    from rlhp_jax.config import RunConfig
+
+    _check_env(args, domain)
+    given = given_fields(args, domain)
+    ibarz_only = [f.name for f, _ in given if f.christiano is None]
+    if ibarz_only:
+        raise ValueError(f"{' '.join(ibarz_only)} belong(s) to Ibarz et al.'s protocol: add --agent dqfd.")
+    agent = agent_changes(type(default_config(args.agent, args.env)), args.agent_config)
+    cfg = RunConfig.paper(args.env, args.labels, args.seed, steps=args.steps, agent=args.agent,
+                          baseline=args.baseline, ablation=args.ablation, out=args.out, agent_config=agent,
+                          label_source=args.teacher, **{f.christiano: value for f, value in given})
+    return cfg if args.out else dataclasses.replace(cfg, out=_fresh_dir(cfg.out))
 
 
 def _fresh_dir(path: str) -> str:
@@ -250,18 +429,13 @@ def _fresh_dir(path: str) -> str:
     return candidate
 
 
-SERVER_FLAGS = ("host", "port", "token", "instructions", "lease")  # how the page is served, not part of the run
-
-
-def _given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """Flags whose value differs from the default (other than --resume / --no-progress)."""
-    given = []
-    for action in parser._actions:
-        if action.dest in ("help", "resume", "no_progress") + SERVER_FLAGS:
-            continue
-        if getattr(args, action.dest, None) != action.default:
-            given.append(action.option_strings[0])
-    return given
+def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The flags given on the command line (other than --resume, --no-progress and the page's):
+    the generated ones present at all, the others different from their defaults."""
+    defaults = vars(parser.parse_args([]))
+    return [flag_name(dest, value) for dest, value in vars(args).items()
+            if dest not in ("resume", "no_progress") + SERVER_FLAGS
+            and not (dest in defaults and defaults[dest] == value)]
 
 
 def main(domain: Domain, argv=None) -> int:
@@ -274,12 +448,8 @@ def main(domain: Domain, argv=None) -> int:
     from rlhp_jax.runs import read_run_config
 
     try:
-        if args.agent != "dqfd" and not args.resume:
-            given = [f"--{k.replace('_', '-')}" for k in IBARZ_ONLY if getattr(args, k, None) is not None]
-            if given:
-                raise ValueError(f"{' '.join(given)} belong(s) to Ibarz et al.'s protocol: add --agent dqfd.")
         if args.resume:
-            flags = _given_flags(parser, args)
+            flags = given_flags(parser, args)
             if flags:
                 raise ValueError(f"--resume continues a run with its saved configuration; drop {' '.join(flags)}.")
             cfg = read_run_config(args.resume)

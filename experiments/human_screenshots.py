@@ -64,7 +64,7 @@ def capture_empty(context, url: str, path: pathlib.Path, timeout_ms: int = 30_00
 
 def queue_for(env: str, pairs: int, work: pathlib.Path, seed: int):
     """``(store, fps)`` of a fresh queue of ``pairs`` random-policy pairs of ``env``."""
-    from rlhp_jax.clips import probe_mp4
+    from rlhp_jax.render.video import probe_mp4
     from rlhp_jax.human.__main__ import make_queue
     from rlhp_jax.human.store import LabelStore
 

@@ -39,7 +39,7 @@ def _plt():
 
 
 def _load_run(run_dir: str):
-    from rlhp_jax.ibarz import config_from_json
+    from rlhp_jax.config import ibarz_config_from_json
 
     run = Path(run_dir)
     if not (run / "config.json").is_file():
@@ -47,7 +47,7 @@ def _load_run(run_dir: str):
     saved = json.loads((run / "config.json").read_text())
     if saved.get("protocol") != "ibarz":
         raise ValueError(f"{run} is not a run of Ibarz et al.'s protocol (--agent dqfd)")
-    return run, dataclasses.replace(config_from_json(saved), out=str(run))
+    return run, dataclasses.replace(ibarz_config_from_json(saved), out=str(run))
 
 
 # ---------------------------------------------------------------------------- alignment
@@ -160,9 +160,9 @@ def label_noise(rates: list[float], out: str, training: list[str], progress: boo
     root.mkdir(parents=True, exist_ok=True)
     results = {}
     for rate in rates:
-        args = parser.parse_args(list(training) + ["--agent", "dqfd", "--mistake-rate", str(rate),
+        args = parser.parse_args(list(training) + ["--agent", "dqfd", "--teacher.mistake-rate", str(rate),
                                                    "--out", str(root / f"mistakes-{rate:g}")])
-        if args.setup == "demos+prefs+autolabels":
+        if getattr(args, "setup", None) == "demos+prefs+autolabels":
             raise ValueError("Ibarz's label-noise runs do not use autolabels (Fig. 9): choose another --setup")
         cfg = ibarz_config_from_args(args, domain)
         summary = IbarzRun(cfg, progress=progress).run()

@@ -8,12 +8,13 @@
     python -m experiments.sweep --seeds 4 --env-devices 2 --member-devices 3   # on 6+ devices: lanes split too
 
 Every run is the host driver's algorithm (``python -m experiments.classic`` with the same flags:
-any of its options, e.g. ``--ablation random_queries`` or ``--segment-length 10``, passes through),
+any of its options, e.g. ``--ablation random_queries``, ``--segment-length 10`` or ``--teacher.beta 2``,
+passes through),
 compiled into one program that runs every seed × setting as a lane (``rlhp_jax.compiled``) and
 splits the lanes over every device it sees (``rlhp_jax.distributed``; several hosts with
 ``--coordinator``); ``--env-devices``/``--member-devices`` also spread each lane's environments
-and ensemble members over groups of devices.  The grid flags take one value per point; ``--members`` (the ensemble size)
-changes shapes, so each value is its own program.
+and ensemble members over groups of devices.  The grid flags take one value per point; ``--members`` (ensemble
+sizes: a grid over ``--ensemble.num-members``) changes shapes, so each value is its own program.
 
 Writes to ``--out``: ``metrics.jsonl`` and ``metrics.csv`` (one row per lane per iteration — the
 per-seed curves — with the lane's seed and settings), ``curves.png`` (mean ± std over seeds per

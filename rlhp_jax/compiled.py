@@ -45,9 +45,9 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rlhp_jax import labels as labels_lib
 from rlhp_jax.agents.common import evaluate
-from rlhp_jax.loop import MAX_QUERY_CHUNK, RunParts, bucket, finished_episodes
+from rlhp_jax.labels import bucket
+from rlhp_jax.loop import MAX_QUERY_CHUNK, RunParts, TrainState, step_keys
 
 # Hyper field -> where it lives in the run config (agent lr: per agent).
 SWEEPABLE = ("labels", "mistake_rate", "error_rate", "rm_learning_rate", "agent_learning_rate")
@@ -77,19 +77,6 @@ class Hyper(struct.PyTreeNode):
     def lane(self, i: int) -> "Hyper":
         """Lane ``i``'s own settings (no lane axis)."""
         return self.replace(lane_fields=(), **{f: getattr(self, f)[i] for f in self.lane_fields})
-
-
-class TrainState(struct.PyTreeNode):
-    agent: Any
-    ensemble: Any
-    buffer: labels_lib.LabelBuffer
-    env_state: Any
-    obs: jax.Array
-    key: jax.Array
-    reward_scale: jax.Array  # (shift, scale) of the baseline's true reward (RunParts.reward_scale)
-    queries: jax.Array  # int32 pairs asked
-    labels: jax.Array  # int32 labels answered and kept
-    episode_sums: jax.Array  # [N] running returns of the task's episodes
 
 
 def query_counts(parts: RunParts) -> tuple[int, np.ndarray]:
@@ -206,30 +193,6 @@ class CompiledRun:
         cfg = _configured(self.config, hyper)
         return self.parts if cfg is self.config else RunParts(cfg)
 
-    def _ask(self, parts: RunParts, buffer, member_r, rollout, key, n, max_n: int):
-        """The driver's ``_query`` for a traced count ``n`` ≤ ``max_n``: the same chunks, each
-        compiled at the count's power-of-two size (one ``lax.switch`` branch per size)."""
-        labels = jnp.zeros((), jnp.int32)
-        if max_n <= 0:
-            return buffer, labels
-        top = min(bucket(max_n), MAX_QUERY_CHUNK)
-        sizes = [1 << i for i in range(top.bit_length())]  # 1, 2, 4, … top
-        for c in range(math.ceil(max_n / MAX_QUERY_CHUNK)):
-            key, k_c, k_t, k_a = jax.random.split(key, 4)
-            n_c = jnp.clip(n - c * MAX_QUERY_CHUNK, 0, MAX_QUERY_CHUNK)
-            branch = jnp.where(n_c == 0, 0, 1 + sum((n_c > s).astype(jnp.int32) for s in sizes[:-1]))
-
-            def asked(q):
-                def run(buffer):
-                    buffer, _, mask = parts.query_chunk(buffer, member_r, rollout, (k_c, k_t, k_a), n_c, q)
-                    return buffer, jnp.sum(mask.astype(jnp.int32))
-                return run
-
-            buffer, got = jax.lax.switch(branch, [lambda b: (b, jnp.zeros((), jnp.int32))] + [asked(q) for q in sizes],
-                                         buffer)
-            labels = labels + got
-        return buffer, labels
-
     def init(self, key, hyper: Hyper) -> TrainState:
         """The driver's start: agent, ensemble, environments, an empty label set (``fresh``); then the
         initial labels on the untrained policy's clips and the reward model's pretraining (``initial``)."""
@@ -237,17 +200,7 @@ class CompiledRun:
 
     def fresh(self, key, hyper: Hyper) -> TrainState:
         """New agent, ensemble and environments and an empty label set."""
-        parts = self._parts(hyper)
-        key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
-        agent_state = parts.agent.init(k_agent)
-        ens_state = parts.ensemble.init(k_ens)
-        reward_scale = parts.reward_scale(k_scale)  # before the reset, as in the driver
-        env_state, obs = parts.env.reset(k_env)
-        return TrainState(agent=agent_state, ensemble=ens_state,
-                          buffer=parts.ensemble.empty_buffer(parts.label_capacity, parts.seg_len),
-                          env_state=env_state, obs=obs, key=key, reward_scale=reward_scale,
-                          queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
-                          episode_sums=jnp.zeros((parts.env.num_envs,), jnp.float32))
+        return self._parts(hyper).fresh(key)
 
     def initial(self, state: TrainState, hyper: Hyper) -> TrainState:
         """Labels on the untrained policy's clips, then the reward model's pretraining."""
@@ -256,14 +209,11 @@ class CompiledRun:
             return state
 
         def initial(state: TrainState) -> TrainState:
-            key, k_roll, k_q, k_fit = jax.random.split(state.key, 4)
-            env_state, obs, rollout, member_r = parts.rollout_only(state.agent, state.env_state, state.obs,
-                                                                   state.ensemble, k_roll)
-            buffer, got = self._ask(parts, state.buffer, member_r, rollout, k_q, hyper.initial_queries,
-                                    self.max_initial)
+            state, rollout, member_r, (k_q, k_fit) = parts.initial_rollout(state)
+            buffer, got = parts.ask_oracle(state.buffer, member_r, rollout, k_q, hyper.initial_queries,
+                                           self.max_initial)
             ens_state, _ = parts.ensemble.fit(state.ensemble, buffer, k_fit, parts.pretrain_steps)  # 0: normalization
-            return state.replace(env_state=env_state, obs=obs, key=key, buffer=buffer, ensemble=ens_state,
-                                 queries=hyper.initial_queries, labels=got)
+            return state.replace(buffer=buffer, ensemble=ens_state, queries=hyper.initial_queries, labels=got)
 
         return jax.lax.cond(hyper.initial_queries > 0, initial, lambda s: s, state)
 
@@ -271,46 +221,32 @@ class CompiledRun:
         """Iteration ``it`` (1-based) of the driver's loop: act and update, ask the labels due, fit."""
         parts, cfg = self._parts(hyper), self.config
         nan = jnp.asarray(jnp.nan, jnp.float32)
-        key, k_it, k_q, k_fit, k_corr, k_eval = jax.random.split(state.key, 6)
-        agent_state, env_state, obs, rollout, rewards, member_r, agent_m = parts.iteration(
-            state.agent, state.env_state, state.obs, state.ensemble, state.reward_scale, k_it)
-        buffer, ens_state, queries, labels = state.buffer, state.ensemble, state.queries, state.labels
+        key, keys = step_keys(state.key)
+        state, rollout, rewards, member_r, agent_m = parts.act(state.replace(key=key), keys.iteration)
+        buffer, ens_state = state.buffer, state.ensemble
         m = dict(rm_train_loss=nan, rm_l2=nan, reward_correlation=nan, val_accuracy=nan)
         evaluate_now = (it % cfg.eval_every == 0) | (it == self.num_iters)
         if parts.learn:
             n = hyper.new_queries[it - 1]
-            buffer, got = self._ask(parts, buffer, member_r, rollout, k_q, n, self.max_new)
-            queries, labels = queries + n, labels + got
+            buffer, got = parts.ask_oracle(buffer, member_r, rollout, keys.queries, n, self.max_new)
+            state = state.replace(buffer=buffer, queries=state.queries + n, labels=state.labels + got)
             if parts.fit_steps > 0:
                 def fit(ens_state):
-                    ens_state, fit_m = parts.ensemble.fit(ens_state, buffer, k_fit, parts.fit_steps)
+                    ens_state, fit_m = parts.ensemble.fit(ens_state, buffer, keys.fit, parts.fit_steps)
                     return ens_state, jnp.nanmean(fit_m["train_loss"]), jnp.mean(ens_state.l2)
 
                 ens_state, m["rm_train_loss"], m["rm_l2"] = jax.lax.cond(
-                    labels > 0, fit, lambda e: (e, nan, nan), ens_state)
+                    state.labels > 0, fit, lambda e: (e, nan, nan), ens_state)
             m["val_accuracy"] = jax.lax.cond(
                 evaluate_now, lambda: jnp.nanmean(parts.ensemble.evaluate(ens_state, buffer)["val_accuracy"]),
                 lambda: nan)
-            m["reward_correlation"] = parts.correlation(rollout, rewards, k_corr)
-        sums, episodes, total = finished_episodes(state.episode_sums, rollout.raw_reward,
-                                                  parts.episode_ends(rollout), rollout.valid)
-        horizon = parts.spec.horizon
-        m.update(
-            iteration=jnp.asarray(it, jnp.int32),
-            env_steps=jnp.asarray(it, jnp.int32) * self.steps_per_iter,
-            labels=labels, queries=queries,
-            true_return=jnp.mean(rollout.true_reward) * horizon,
-            predicted_return=jnp.mean(rewards) * horizon,
-            episodes=episodes,
-            episode_return=jnp.where(episodes > 0, total / jnp.maximum(episodes, 1), nan),
-            terminations=jnp.sum(rollout.terminated.astype(jnp.int32)),
-            policy_entropy=jnp.asarray(agent_m.get("entropy", nan), jnp.float32),
-            eval_return=jax.lax.cond(
-                evaluate_now, lambda: evaluate(parts.env, parts.agent, agent_state.params, k_eval,
-                                               cfg.eval_episodes, horizon).astype(jnp.float32), lambda: nan),
-        )
-        state = state.replace(agent=agent_state, ensemble=ens_state, buffer=buffer, env_state=env_state, obs=obs,
-                              key=key, queries=queries, labels=labels, episode_sums=sums)
+            m["reward_correlation"] = parts.correlation(rollout, rewards, keys.correlation)
+        sums, episodes, total = parts.score_episodes(state.episode_sums, rollout)
+        state = state.replace(ensemble=ens_state, episode_sums=sums)
+        m.update(parts.progress_metrics(it, state, rollout, rewards, agent_m, episodes, total))
+        m["eval_return"] = jax.lax.cond(
+            evaluate_now, lambda: evaluate(parts.env, parts.agent, state.agent.params, keys.evaluation,
+                                           cfg.eval_episodes, parts.spec.horizon).astype(jnp.float32), lambda: nan)
         return state, m
 
     # ------------------------------------------------------------------ whole runs

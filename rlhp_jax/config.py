@@ -1,9 +1,10 @@
 """A run of Christiano et al.'s loop as data: :class:`RunConfig` (every setting, each checked
 where it is made), the §3.3 ablations as changes to a config, and the config's JSON form (what a
-run directory's ``config.json`` holds and ``--resume`` reads back, see :mod:`rlhp_jax.runs`).
+run directory's ``config.json`` holds and ``--resume`` reads back, see :mod:`rlhp_jax.runs`); and
+:class:`IbarzConfig`, the same for Ibarz et al.'s protocol (:mod:`rlhp_jax.ibarz`).
 
-The defaults are sized for the classic tasks; the papers' settings for Atari and MuJoCo are the
-presets of ``experiments/atari.py`` and ``experiments/mujoco.py``.
+The defaults are sized for the classic tasks; the papers' settings for Atari and MuJoCo are
+:mod:`rlhp_jax.presets`, reached as ``RunConfig.paper(task)`` / ``IbarzConfig.paper(task)``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import json
 from typing import Any
 
 from rlhp_jax import agents as agents_lib
-from rlhp_jax import queries
+from rlhp_jax import queries, tasks
+from rlhp_jax.agents.dqfd import DQfDConfig
 from rlhp_jax.config_fields import check_ranges, conform, dataclass_from_json, describe
 from rlhp_jax.ensemble import EnsembleConfig
+from rlhp_jax.replay import ReplayConfig
 from rlhp_jax.teachers import SyntheticTeacher
 
 # Christiano §3.3's ablations (plus the true-reward baseline, which is reward_source="true").
@@ -107,6 +110,19 @@ class RunConfig:
         if not all(isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) for o in self.env_options):
             raise ValueError(f"env_options must be (name, value) pairs, got {describe(self.env_options)}")
 
+    @classmethod
+    def paper(cls, task: str, labels: int | None = None, seed: int = 0, **options) -> RunConfig:
+        """The papers' setup for ``task`` — Christiano A.1 (MuJoCo, TRPO), A.2 (Atari, A2C), or
+        this repo's classic-control budgets — exactly what ``python -m experiments.<domain> --env
+        TASK --labels N --seed S`` builds (``rlhp_jax.presets``).  ``labels`` None: the task's
+        budget.  ``options``: ``steps``, ``agent``, ``baseline``, ``ablation`` (applied by
+        :func:`with_ablation`), ``out``, ``agent_config`` (a dict of changes to the agent's
+        preset), and field changes named like the fields: ``segment_length=10``,
+        ``ensemble=dict(num_members=5)``, ``label_source="human"`` (:func:`rlhp_jax.presets.christiano`)."""
+        from rlhp_jax import presets
+
+        return with_ablation(presets.christiano(cls, task, labels, seed, **options), options.get("ablation"))
+
 
 def with_ablation(cfg: RunConfig, name: str | None) -> RunConfig:
     """``cfg`` changed as Christiano §3.3 describes the ablation ``name`` (None: unchanged)."""
@@ -150,3 +166,123 @@ def config_from_json(d: dict) -> RunConfig:
     elif saved is not None:
         raise ValueError(f"agent_config must be a JSON object or null, got {describe(saved)}")
     return dataclass_from_json(RunConfig, d)
+
+
+# Ibarz et al. 2018 (rlhp_jax.ibarz): its setups (§3) and the protocol's config
+SETUPS = {
+    "imitation": "the large-margin loss on the demonstrations only: no preferences, no RL",
+    "no_demos": "preferences only (Christiano et al.'s setup, with DQN)",
+    "demos+prefs": "demonstrations and preferences",
+    "demos+prefs+autolabels": "demonstrations and preferences, plus demo-preferred labels on the initial clips",
+}
+FULL_SCHEDULE = 6800  # A.3: the full schedule's labels; 500 of them initial
+FULL_INITIAL = 500
+
+# Ibarz A.1 on Atari: all 18 actions, 0-90 no-ops at reset
+ATARI_OPTIONS = (("full_action_space", True), ("noop_max", 90))
+
+
+@dataclasses.dataclass(frozen=True)
+class IbarzConfig:
+    env: str = "Pong"
+    setup: str = "demos+prefs"
+    demos: str | None = None  # demo file (rlhp_jax.demos); required unless setup is no_demos
+    demo_fraction: float = 1.0  # Ibarz Fig. 1: "20 % demos"
+    total_steps: int = 50_000_000  # A.4: 500 iterations of 1e5 actor steps
+    iteration_steps: int = 100_000  # A.4: actor steps per iteration (reward model fixed within)
+    labels: int = FULL_SCHEDULE  # A.3: 6,800 (reduced: 3,400 / 1,700 / 1,133)
+    initial_labels: int | None = None  # None: 500 · labels / 6,800 (A.4: 500 / 250 / 125 / 83)
+    rate_constant: float = 5e6  # A.3: rate ∝ 5e6 / (T + 5e6)
+    segment_length: int = 25  # A.3: clips of 25 actor steps
+    bc_batches: int = 20_000  # A.4: first pretraining on the demos
+    rm_pretrain_batches: int = 50_000  # A.4: reward model on the initial labels
+    second_pretrain_batches: int = 60_000  # A.4: second pretraining, with r̂
+    rm_batches_per_iteration: int = 6_250  # A.4
+    initial_steps: int | None = None  # actor steps of the initial trajectories; None: 2 · initial · segment
+    num_envs: int = 1  # actors stepping together (each its own replay lane)
+    seed: int = 0
+    env_options: tuple = ()  # None of the Atari defaults (ATARI_OPTIONS) is applied when set
+    agent_config: DQfDConfig = DQfDConfig()
+    replay: ReplayConfig = ReplayConfig()
+    reward_model: EnsembleConfig = EnsembleConfig(
+        num_members=1,  # A.3: "We do not use an ensemble"
+        bootstrap=False,  # A.4: batches "sampled uniformly from the annotation buffer"
+        input_noise=0.1,  # A.3: Gaussian noise of amplitude 0.1 on [0, 1] inputs
+        reward_l2=0.01,  # A.3: a loss ∝ squared predicted reward (the weight is not given)
+        reward_std=0.05,  # A.3: normalized to std 0.05 over the annotation buffer
+    )
+    reward_dropout: float = 0.2  # A.3: per-channel dropout "with α = 0.8" (keep probability)
+    teacher: SyntheticTeacher = SyntheticTeacher()
+    frozen_reward: str | None = None  # a finished run's directory: its reward model, fixed
+    model_reward_samples: int = 4096  # steps per iteration scored for the model-vs-true reward curves
+    keep_checkpoints: int = 2
+    checkpoint_replay: bool = True  # replay buffer in checkpoints (7 GB when full on Atari)
+    out: str = "runs/ibarz"
+    protocol: str = "ibarz"  # marks config.json for --resume
+
+    def __post_init__(self):
+        if self.setup not in SETUPS:
+            raise ValueError(f"Unknown setup {self.setup!r}. Available: {', '.join(SETUPS)}.")
+        if self.setup != "no_demos" and not self.demos:
+            raise ValueError(f"The {self.setup} setup learns from demonstrations: give --demos PATH "
+                             "(record some with python -m rlhp_jax.demos_cli record or python -m rlhp_jax.human play).")
+        if self.setup == "no_demos" and self.demos:
+            raise ValueError("--setup no_demos uses no demonstrations: drop --demos (or choose another setup).")
+        if self.total_steps < 1 or self.iteration_steps < 1:
+            raise ValueError("total_steps and iteration_steps must be positive")
+        if self.setup not in ("imitation",) and self.frozen_reward is None and self.labels < 1:
+            raise ValueError(f"Learning from preferences needs labels; got --labels {self.labels}.")
+        if self.frozen_reward is not None and self.setup == "imitation":
+            raise ValueError("--frozen-reward trains on a reward model; the imitation setup uses none.")
+        for name in ("bc_batches", "rm_pretrain_batches", "second_pretrain_batches", "rm_batches_per_iteration"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
+        check_ranges(self, counts=("segment_length", "initial_steps", "model_reward_samples", "keep_checkpoints"),
+                     nonnegative=("initial_labels",), positive=("rate_constant", "demo_fraction"),
+                     fractions=("demo_fraction", "reward_dropout"))
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if not all(isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) for o in self.env_options):
+            raise ValueError(f"env_options must be (name, value) pairs, got {self.env_options!r:.60}")
+
+    @property
+    def learns_rewards(self) -> bool:
+        return self.setup != "imitation" and self.frozen_reward is None
+
+    @property
+    def uses_reward_model(self) -> bool:
+        return self.setup != "imitation"
+
+    @property
+    def uses_demos(self) -> bool:
+        return self.setup != "no_demos"
+
+    def initial_count(self) -> int:
+        if self.initial_labels is not None:
+            return min(int(self.initial_labels), self.labels)
+        return min(self.labels, max(1, round(FULL_INITIAL * self.labels / FULL_SCHEDULE)))
+
+    def env_kwargs(self) -> dict:
+        """The environment wrapper's options: ``env_options``, or where none are set and the task
+        is not a pure-JAX one (Atari), Ibarz A.1's (``ATARI_OPTIONS``)."""
+        task = tasks.find(self.env)
+        if task is not None and task.backend != "gymnax" and not self.env_options:
+            return dict(ATARI_OPTIONS)
+        return dict(self.env_options)
+
+    @classmethod
+    def paper(cls, task: str, labels: int | None = None, seed: int = 0, **options) -> IbarzConfig:
+        """Ibarz et al.'s protocol for ``task``: exactly what ``--agent dqfd --env TASK`` builds
+        (:func:`rlhp_jax.presets.ibarz`; ``options``: ``steps``, ``out``, ``agent_config`` and
+        field changes such as ``setup="no_demos"``, ``demos="demos.npz"``)."""
+        from rlhp_jax import presets
+
+        return presets.ibarz(cls, task, labels, seed, **options)
+
+
+def ibarz_config_from_json(d: dict) -> IbarzConfig:
+    """Inverse of ``config_to_json`` for an Ibarz run (the saved ``config.json`` of a run): every field
+    required and of its declared type, nested configs rebuilt.  Raises ``ValueError`` naming the field."""
+    return dataclass_from_json(IbarzConfig, d)

@@ -29,13 +29,25 @@ a dataclass            an instance of it (:func:`dataclass_from_json` builds one
 (counts, positive, non-negative, fractions); :func:`dataclass_from_json` rebuilds a dataclass
 from its ``dataclasses.asdict`` JSON form, requiring every field and recursing into nested
 dataclasses.
+
+Fields by path, for the presets (``rlhp_jax.presets``) and the command lines generated from the
+configs (``experiments/cli.py``): :func:`field_paths` lists every leaf field of a config with
+nested configs' fields as ``"ensemble.num_members"``; :func:`with_changes` applies changes given
+by path to a config's keyword arguments, each value conformed; :func:`from_text` reads a
+command-line value in a field's declared type; :func:`field_docs` gives each field's source
+comment (the help text of its flag).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
+import inspect
+import io
 import math
+import textwrap
+import tokenize
 import types
 import typing
 from typing import Any
@@ -59,7 +71,7 @@ def field_types(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _optional(hint) -> Any | None:
+def optional_type(hint) -> Any | None:
     """``X`` for a declared ``X | None`` (or ``Optional[X]``), else None."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -71,7 +83,7 @@ def _optional(hint) -> Any | None:
 def conform(hint, value: Any, name: str) -> Any:
     """``value`` in the declared type ``hint`` of field ``name`` (see the module docstring), or a
     ``ValueError`` saying ``"<name> must be <kind>, got <value>"``."""
-    inner = _optional(hint)
+    inner = optional_type(hint)
     if inner is not None:
         return None if value is None else conform(inner, value, name)
     if hint is Any:
@@ -174,3 +186,131 @@ def dataclass_from_json(cls, values: Any, where: str = ""):
         return cls(**kwargs)
     except ValueError as e:
         raise ValueError(f"{where}: {e}" if where else str(e)) from None
+
+
+# ------------------------------------------------------------------ fields by path
+def field_paths(cls, skip=(), prefix: str = "") -> list[tuple[str, Any]]:
+    """``(path, declared type)`` of every leaf field of the dataclass ``cls``, in declaration
+    order, nested dataclass fields expanded (``"ensemble.num_members"``); ``skip``: paths left
+    out, with everything under them."""
+    out = []
+    for name, hint in field_types(cls).items():
+        path = prefix + name
+        if path in skip:
+            continue
+        if dataclasses.is_dataclass(hint):
+            out += field_paths(hint, skip, path + ".")
+        else:
+            out.append((path, hint))
+    return out
+
+
+def field_default(cls, name: str) -> Any:
+    """The default value of field ``name`` of the dataclass ``cls`` (``MISSING`` when it has none)."""
+    f = cls.__dataclass_fields__[name]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def type_at(cls, path: str) -> Any:
+    """The declared type of the field at ``path`` of ``cls``; ``ValueError`` if there is none."""
+    head, _, rest = path.partition(".")
+    hints = field_types(cls)
+    if head not in hints:
+        raise ValueError(f"{cls.__name__} has no field {head!r} ({path})")
+    if rest:
+        if not dataclasses.is_dataclass(hints[head]):
+            raise ValueError(f"{cls.__name__}.{head} is not a config with fields ({path})")
+        return type_at(hints[head], rest)
+    return hints[head]
+
+
+def with_changes(cls, values: dict, changes: dict) -> dict:
+    """``values`` (keyword arguments for the dataclass ``cls``) with ``changes`` made.
+
+    A key of ``changes`` is a field's path: ``"segment_length"``, or ``"ensemble.num_members"`` for
+    a field of a nested config, which changes a copy of that config (the one in ``values``, else
+    the field's default); a nested config's name may also take a dict of its fields' changes or a
+    whole instance.  Every value is conformed to its field's declared type (:func:`conform`: an
+    int given for a float becomes a float).  Raises ``ValueError`` naming the path: an unknown
+    field, a value of the wrong kind, or what the nested config's own checks refuse."""
+    flat = {}
+    for key, value in changes.items():
+        hint = type_at(cls, key)
+        if isinstance(value, dict) and dataclasses.is_dataclass(hint):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    out = dict(values)
+    for path in sorted(flat, key=lambda p: p.count(".")):  # whole configs before their fields
+        head, _, rest = path.partition(".")
+        if rest:
+            type_at(cls, path)
+            base = out[head] if head in out else field_default(cls, head)
+            out[head] = _replaced(base, rest, flat[path], head)
+        else:
+            out[head] = conform(field_types(cls)[head], flat[path], path)
+    return out
+
+
+def _replaced(instance, path: str, value: Any, where: str):
+    """The dataclass ``instance`` with the field at ``path`` set to ``value`` (conformed)."""
+    head, _, rest = path.partition(".")
+    name = f"{where}.{head}"
+    new = (_replaced(getattr(instance, head), rest, value, name) if rest
+           else conform(field_types(type(instance))[head], value, name))
+    return dataclasses.replace(instance, **{head: new})
+
+
+def from_text(hint, text: str, name: str) -> Any:
+    """A command-line value for a field of declared type ``hint``: ``none`` for an optional
+    field's None, ``true``/``false`` for a bool, a number, a string as written, a Python literal
+    for a tuple (``"(('noop_max', 30),)"``); then :func:`conform`.  ``ValueError`` naming ``name``."""
+    inner = optional_type(hint)
+    if inner is not None:
+        return None if text.strip().lower() == "none" else from_text(inner, text, name)
+    if hint is bool:
+        words = {"true": True, "false": False}
+        if text.strip().lower() not in words:
+            raise ValueError(f"{name} must be true or false, got {text!r}")
+        return words[text.strip().lower()]
+    if hint is int or hint is float:
+        try:
+            value = hint(text)
+        except ValueError:
+            raise ValueError(f"{name} must be {'an int' if hint is int else 'a number'}, got {text!r}") from None
+        return conform(hint, value, name)
+    if hint is str or hint is Any:
+        return text
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise ValueError(f"{name}: cannot parse {text!r} (a Python literal)") from None
+    return conform(hint, value, name)
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls) -> dict[str, str]:
+    """Each field of the dataclass ``cls`` with its comment in the source: the comment lines just
+    above the field and the comment after it on its line, joined ("" for a field with none; {}
+    when the source cannot be read)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        return {}
+    lines = source.splitlines()
+    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT}
+    alone = {n for n in comments if lines[n - 1].lstrip().startswith("#")}
+    docs = {}
+    for node in tree.body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above, n = [], node.lineno - 1
+            while n in alone:
+                above.insert(0, comments[n])
+                n -= 1
+            after = [comments[node.lineno]] if node.lineno in comments else []
+            docs[node.target.id] = " ".join(above + after)
+    return docs

@@ -1,5 +1,5 @@
 """Plain data types every layer shares (layer 0): a task's static description, one batched
-environment step, a rollout, the environment and policy protocols, and the two small helpers
+environment step, a rollout, the environment and policy protocols, and the three small helpers
 that go with them.  No logic of the method lives here; see docs/DESIGN.md for the layers.
 
 The agent-facing rules of Christiano et al. 2017, appendix A, are in what these types carry: the
@@ -88,6 +88,13 @@ class Rollout(NamedTuple):
     render: jax.Array  # [T, N, R] extra per-step data for rendering clips (R may be 0)
     last_obs: jax.Array  # [N, *obs_shape] observation after the last step
     last_value: jax.Array  # [N] value estimate of ``last_obs`` (for bootstrapping)
+
+
+def episode_ends(spec: EnvSpec, boundary, terminated):
+    """Where the task's own episodes end (for scoring them, not for the agent): the fixed horizon
+    (``boundary``), and termination where the emulator resets silently (``on_terminate="reset"``).
+    NumPy or JAX arrays alike."""
+    return boundary | terminated if spec.on_terminate == "reset" else boundary
 
 
 def clip_action(spec: EnvSpec, action: jax.Array) -> jax.Array:

@@ -30,7 +30,8 @@ one-line :class:`DemoError` naming the file, anything that is not a whole, consi
 action set or another blanking mask.
 
 Also here: :func:`autolabels` (Ibarz §2.5: each initial clip paired with a random demo clip,
-the demo preferred) and :func:`record_policy` (demos from any policy, e.g. a trained checkpoint).
+the demo preferred) and :func:`record_policy` (demos from any policy, e.g. a trained checkpoint:
+:func:`rlhp_jax.trained.load_policy`; on the command line ``python -m rlhp_jax.demos_cli``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import json
 import os
 import secrets
 import time
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,7 +50,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax import tasks
 
 FORMAT = "rlhp_jax.demos/1"
 
@@ -392,7 +391,7 @@ def _check_fit(path: Path, demos: Demos) -> None:
     n, meta = demos.num_steps, demos.meta
     if n == 0 or demos.num_episodes == 0:
         raise DemoError(f"{path} holds no demonstration steps: record some first "
-                        "(python -m rlhp_jax.demos record --run RUN ..., or play: python -m rlhp_jax.human play)")
+                        "(python -m rlhp_jax.demos_cli record --run RUN ..., or play: python -m rlhp_jax.human play)")
     problems = []
     if int(demos.episode_lengths.sum()) != n or (demos.episode_lengths < 1).any():
         problems.append("episode lengths do not add up to the number of steps")
@@ -500,108 +499,3 @@ def describe(demos: Demos) -> dict[str, Any]:
                 num_actions=demos.meta["num_actions"],
                 episode_returns=None if returns is None else [float(r) for r in returns],
                 mean_return=None if returns is None else float(np.mean(returns)), created=demos.meta.get("created"))
-
-
-# ---------------------------------------------------------------------------- command line
-def policy_from_run(run_dir: str | os.PathLike, env, epsilon: float):
-    """``act(obs, key)`` of a trained policy: the newest models of an Ibarz run (DQfD, ε-greedy)
-    or the newest checkpoint of a Christiano run (the agent's greedy action)."""
-    from rlhp_jax.config import RunConfig
-    from rlhp_jax.driver import PreferenceRun
-    from rlhp_jax.runs import read_run_config
-
-    run = Path(run_dir)
-    cfg = read_run_config(run)
-    trained_on = tasks.find(cfg.env)
-    if (trained_on.name if trained_on else cfg.env) != env.spec.name:
-        raise DemoError(f"{run} trained on {cfg.env}, not {env.spec.name}")
-    if not isinstance(cfg, RunConfig):  # Ibarz et al.'s protocol
-        from rlhp_jax import ibarz
-
-        agent = ibarz.DQfD(env.spec, cfg.agent_config)
-        from rlhp_jax.ensemble import RewardEnsemble
-        from rlhp_jax.reward_models import reward_model_spec_for
-
-        rm = RewardEnsemble(dataclasses.replace(reward_model_spec_for(env.spec), dropout_rate=cfg.reward_dropout),
-                            cfg.reward_model)
-        params, _, _ = ibarz.load_models(run, agent, rm, agent.init(jax.random.PRNGKey(0)).params,
-                                         rm.init(jax.random.PRNGKey(0)))
-        act_jit = jax.jit(lambda o, k: agent.act(params, o, k, epsilon))
-        return lambda obs, key: act_jit(jnp.asarray(obs), key)
-    pr = PreferenceRun(cfg, progress=False, resume=True)
-    restored = pr.restore_latest()
-    if restored is None:
-        raise DemoError(f"{run}: no checkpoint to record a policy from")
-    state, _ = restored
-    params = state["agent"].params
-    greedy = jax.jit(pr.agent.act_deterministic)
-
-    def act(obs, key):
-        k1, k2 = jax.random.split(key)
-        a = greedy(params, jnp.asarray(obs))
-        rand = jax.random.randint(k1, a.shape, 0, env.spec.num_actions)
-        return jnp.where(jax.random.uniform(k2, a.shape) < epsilon, rand, a)
-
-    return act
-
-
-def main(argv=None) -> int:
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(prog="python -m rlhp_jax.demos", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("record", help="record demonstrations of a trained policy (a run directory)")
-    r.add_argument("--run", required=True, help="run directory (experiments.atari / experiments.classic)")
-    r.add_argument("--env", default=None, help="task (default: the run's)")
-    r.add_argument("--episodes", type=int, default=3)
-    r.add_argument("--max-steps", type=int, default=100_000, help="stop after this many steps in all")
-    r.add_argument("--epsilon", type=float, default=0.01, help="random actions with this probability")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", required=True, help="demo file to write (.npz)")
-    i = sub.add_parser("info", help="describe a demo file")
-    i.add_argument("file")
-    args = p.parse_args(argv)
-    try:
-        if args.cmd == "info":
-            print(json.dumps(describe(read_demos(args.file)), indent=2, ensure_ascii=False))
-            return 0
-        from rlhp_jax.config import RunConfig
-        from rlhp_jax.runs import read_run_config
-        from rlhp_jax.envs import make_env
-
-        run = Path(args.run)
-        saved = read_run_config(run)
-        options = dict(saved.env_options)
-        if not isinstance(saved, RunConfig) and not options:  # Ibarz et al.'s protocol: its Atari defaults
-            from rlhp_jax import ibarz
-
-            found = tasks.find(saved.env)
-            if found is not None and found.backend != "gymnax":
-                options = dict(ibarz.ATARI_OPTIONS)
-        env = make_env(args.env or saved.env, 1, **options)
-        act = policy_from_run(run, env, args.epsilon)
-        from tqdm import tqdm
-
-        bar = tqdm(total=args.episodes, desc="episodes", unit="ep")
-
-        def progress(episodes, steps):
-            bar.n = episodes
-            bar.set_postfix(steps=steps)
-            bar.refresh()
-
-        rec = record_policy(env, act, jax.random.PRNGKey(args.seed), episodes=args.episodes, max_steps=args.max_steps,
-                            source=f"policy:{run}", progress=progress)
-        bar.close()
-        path = rec.save(args.out)
-        print(json.dumps(describe(read_demos(path)), indent=2, ensure_ascii=False))
-        print(f"demonstrations written to {path}")
-        return 0
-    except (DemoError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,9 +2,11 @@
 
     act on r̂ → segments → candidate pairs (×10) → select queries → teacher labels → fit ensemble → repeat
 
-Acting, labeling and fitting stay separate pure functions; this module only holds the state
-between iterations, asks the label schedule how many queries are due, logs, checkpoints and
-plots.  The same loop trains on the true reward when ``reward_source="true"`` (the RL baseline:
+Acting, labeling and fitting are the pure steps of ``rlhp_jax.loop.RunParts`` over a
+``loop.TrainState`` (the compiled loop runs the same ones); this module only jits them, holds
+the state between iterations, asks the label schedule how many queries are due and poses them
+to a ``teachers.Teacher`` (the oracle, answering at once, or people through the label store,
+answering when they do: the same code path), logs, checkpoints and plots.  The same loop trains on the true reward when ``reward_source="true"`` (the RL baseline:
 as it is, or shifted and scaled by a random policy's statistics, as ``baseline_reward`` says).
 
 One driver iteration runs ``updates_per_iteration`` agent updates inside one compiled
@@ -32,26 +34,19 @@ import numpy as np
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config import RunConfig
-from rlhp_jax.loop import RunParts, bucket, finished_episodes, query_chunks
+from rlhp_jax.loop import RunParts, TrainState, chunk_keys, query_chunks, step_keys
 from rlhp_jax.metrics import finite_or_none, nanmean_or_none, plot_learning_curve, read_jsonl
 from rlhp_jax.runs import continues_from_checkpoint, open_run, write_summary
-from rlhp_jax.preferences import check_labels
-
-class EpisodeTracker:
-    """Returns of the task's own episodes (raw reward, no penalty), accumulated on the host
-    across iterations: what a person would call the agent's score."""
-
-    def __init__(self, num_envs: int, sums=None):
-        self.sums = np.zeros(num_envs, np.float32) if sums is None else np.asarray(sums, np.float32)
-
-    def update(self, raw_reward, ends, valid) -> tuple[int, float | None]:
-        """Add an iteration's steps; returns (episodes finished, their mean return or None)."""
-        sums, count, total = _finished_episodes(self.sums, raw_reward, ends, valid)
-        self.sums, count = np.asarray(sums), int(count)
-        return count, (float(total) / count if count else None)
+from rlhp_jax.teachers import OracleTeacher, Teacher
 
 
-_finished_episodes = jax.jit(finished_episodes)
+def host_values(metrics: dict) -> dict:
+    """A metrics dict of arrays as a row's plain values: ints stay ints, NaN becomes None."""
+    out = {}
+    for k, v in jax.device_get(metrics).items():
+        v = np.asarray(v)
+        out[k] = int(v) if v.dtype.kind in "iub" else finite_or_none(v)
+    return out
 
 
 class PreferenceRun:
@@ -95,68 +90,43 @@ class PreferenceRun:
             self._iteration = jax.jit(parts.iteration)
         self._rollout_only = jax.jit(parts.rollout_only)
         self._candidates = jax.jit(parts.candidates, static_argnums=4)
-        self._query_chunk = jax.jit(parts.query_chunk, static_argnums=5)
         self._add = jax.jit(labels_lib.add_labels)
         self._fit = self.ensemble.fitter()
         self._evaluate_ensemble = jax.jit(self.ensemble.evaluate)
         self._correlation = jax.jit(parts.correlation)
         self._falls = jax.jit(parts.fall_diagnostics)
+        self._score = jax.jit(parts.score_episodes)
+        self._progress_metrics = jax.jit(parts.progress_metrics)
         if self.can_evaluate:
             env, agent = self.env, self.agent
             self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
 
     # ------------------------------------------------------------------ labels
-    def _selections(self, member_r, rollout, key, n: int):
-        """``n`` selected pairs from ``rollout`` in chunks of a power-of-two size (few compiled
-        shapes): yields ``(pairs, render, take, (k_label, k_add))``; the first ``take`` are live."""
-        for q, take in query_chunks(n):
-            key, k_c, k_t, k_a = jax.random.split(key, 4)
+    def _teacher(self, out: Path) -> Teacher:
+        if self.cfg.label_source == "human":
+            from rlhp_jax.human.teacher import HumanTeacher, pair_shapes
+
+            return HumanTeacher(out, self.cfg.env, render_fields=getattr(self.env, "render_fields", ()),
+                                pair_shapes=pair_shapes(self.spec, self.seg_len),  # other pairs: skipped
+                                max_pending=self.cfg.max_pending_queries)
+        return OracleTeacher(self.cfg.teacher)
+
+    def _ask(self, teacher: Teacher, member_r, rollout, key, n: int, env_steps: int) -> int:
+        """Select ``n`` pairs from ``rollout`` (in chunks of a power-of-two size: few compiled
+        shapes) and pose them to ``teacher``; returns ``n``."""
+        chunks = query_chunks(n)
+        for (q, take), (k_c, k_t, k_a) in zip(chunks, chunk_keys(key, len(chunks))):
             pairs, render = self._candidates(member_r, rollout, k_c, take, q)
-            yield pairs, render, take, (k_t, k_a)
-
-    def _query(self, member_r, buffer, rollout, key, n: int):
-        """Ask the synthetic teacher about ``n`` selected pairs from ``rollout`` (chunks as in
-        ``_selections``); returns (buffer, asked, answered)."""
-        asked = answered = 0
-        for q, take in query_chunks(n):
-            key, k_c, k_t, k_a = jax.random.split(key, 4)
-            buffer, mu, mask = self._query_chunk(buffer, member_r, rollout, (k_c, k_t, k_a), take, q)
-            check_labels(np.asarray(mu)[np.asarray(mask)])
-            asked += take
-            answered += int(mask.sum())
-        return buffer, asked, answered
-
-    # ------------------------------------------------------------------ human labels
-    def _ask_people(self, member_r, rollout, key, n: int, env_steps: int) -> int:
-        """Select ``n`` pairs as for the oracle and queue them for people (rendered off this thread)."""
-        for pairs, render, take, _ in self._selections(member_r, rollout, key, n):
-            arrays = dict(obs=np.asarray(pairs.obs[:take]), action=np.asarray(pairs.action[:take]),
-                          true_reward=np.asarray(pairs.true_reward[:take]), render=np.asarray(render[:take]))
-            self.human.ask(arrays, [dict(env_steps=env_steps)] * take)
+            teacher.ask(pairs, render, take, (k_t, k_a), env_steps)
         return n
 
-    def _take_answers(self, buffer, key, cursor: int):
-        """Add the answers recorded since ``cursor`` to the label set; "can't tell" is kept in
-        the store but not trained on.  Returns (buffer, cursor, answers, trainable labels)."""
-        labels, pairs, mu, cursor = self.human.collect(cursor)
-        n = len(labels)
-        trainable = 0
-        for lo in range(0, n, 1024):
-            hi = min(n, lo + 1024)
-            q = bucket(hi - lo)
-            pad = lambda x: np.concatenate([x[lo:hi], np.zeros((q - (hi - lo), *x.shape[1:]), x.dtype)])
-            batch = labels_lib.SegmentPairs(obs=jnp.asarray(pad(pairs["obs"])), action=jnp.asarray(pad(pairs["action"])),
-                                            true_reward=jnp.asarray(pad(pairs["true_reward"]), jnp.float32))
-            m = pad(mu)
-            mask = (np.arange(q) < hi - lo) & np.isfinite(m)
-            key, k_a = jax.random.split(key)
-            buffer = self._add(buffer, k_a, batch, jnp.asarray(np.nan_to_num(m)), jnp.asarray(mask))
-            trainable += int(mask.sum())
-        return buffer, cursor, n, trainable
-
-    def _publish(self, **facts):
-        """What the page shows about the trainer (labels due, answers used, progress)."""
-        self.human.store.set_meta(updated=time.time(), **facts)
+    def _collect(self, teacher: Teacher, buffer, key):
+        """Add the answers that arrived to the label set: (buffer, labels to train on added)."""
+        added = 0
+        for a in teacher.collect(key):
+            buffer = self._add(buffer, a.key, a.pairs, jnp.asarray(a.mu), jnp.asarray(a.mask))
+            added += int(np.asarray(a.mask).sum())
+        return buffer, added
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpointer(self):
@@ -164,11 +134,21 @@ class PreferenceRun:
 
         return Checkpointer(Path(self.cfg.out) / "checkpoints", keep=self.cfg.keep_checkpoints)
 
-    def _saveable(self, agent_state, ens_state, buffer, key, env_state, obs):
-        state = dict(agent=agent_state, ensemble=ens_state, buffer=buffer, key=key)
+    def _saveable(self, state: TrainState) -> dict:
+        saved = dict(agent=state.agent, ensemble=state.ensemble, buffer=state.buffer, key=state.key)
         if self.can_evaluate:  # a pure-JAX environment: its state is a pytree we can save
-            state.update(env_state=env_state, obs=obs)
-        return state
+            saved.update(env_state=state.env_state, obs=state.obs)
+        return saved
+
+    def _restore(self, ckpt, state: TrainState) -> tuple[TrainState, dict]:
+        saved, meta = ckpt.restore(self._saveable(state))
+        state = state.replace(agent=saved["agent"], ensemble=saved["ensemble"], buffer=saved["buffer"],
+                              key=saved["key"], reward_scale=jnp.asarray(meta["reward_scale"], jnp.float32))
+        if self.can_evaluate:
+            state = state.replace(env_state=saved["env_state"], obs=saved["obs"])
+        if meta.get("episode_sums") is not None:
+            state = state.replace(episode_sums=jnp.asarray(meta["episode_sums"], jnp.float32))
+        return state, meta
 
     def restore_latest(self) -> tuple[dict, dict] | None:
         """The newest checkpoint in the run's directory as ``(state, meta)`` (state: ``agent``,
@@ -178,178 +158,147 @@ class PreferenceRun:
         ckpt = self._checkpointer()
         if ckpt.latest_step() is None:
             return None
-        key = jax.random.PRNGKey(0)
-        template = self._saveable(self.agent.init(key), jax.jit(self.ensemble.init)(key),
-                                  self.ensemble.empty_buffer(self.parts.label_capacity, self.seg_len), key,
-                                  *self.env.reset(key))
-        return ckpt.restore(template)
+        return ckpt.restore(self._saveable(self.parts.fresh(jax.random.PRNGKey(0), reward_scale=False)))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
-        cfg, spec = self.cfg, self.spec
+        cfg, spec, parts = self.cfg, self.spec, self.parts
         out = Path(cfg.out)
         learn = self.learn
         ckpt = self._checkpointer()
         restoring = continues_from_checkpoint(ckpt, out, self.resume, self.log)
-        if self.parts.steps_note:
-            self.log(self.parts.steps_note)
-        if self.parts.schedule is not None:
-            self.log(self.parts.schedule.describe())
-        key = jax.random.PRNGKey(cfg.seed)
-        key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
-        agent_state = self.agent.init(k_agent)
-        ens_state = jax.jit(self.ensemble.init)(k_ens)
-        reward_scale = jnp.asarray((0.0, 1.0), jnp.float32)
-        if not restoring:  # before the reset: the baseline's random-policy statistics step the environments
-            reward_scale = self.parts.reward_scale(k_scale)
-        env_state, obs = self.env.reset(k_env)
-        buffer = self.ensemble.empty_buffer(self.parts.label_capacity, self.seg_len)
+        if parts.steps_note:
+            self.log(parts.steps_note)
+        if parts.schedule is not None:
+            self.log(parts.schedule.describe())
+        # restoring: the baseline's random-policy statistics are in the checkpoint, not drawn again
+        state = parts.fresh(jax.random.PRNGKey(cfg.seed), reward_scale=not restoring)
         asked = answered = 0
-        responses = cursor = 0  # human: answers consumed (incl. "can't tell") and the store id of the last one
         start_iter, wall_before = 1, 0.0
-        tracker = EpisodeTracker(self.env.num_envs)
-
+        meta: dict = {}
         if restoring:
-            template = self._saveable(agent_state, ens_state, buffer, key, env_state, obs)
-            state, meta = ckpt.restore(template)
-            agent_state, ens_state, buffer, key = state["agent"], state["ensemble"], state["buffer"], state["key"]
-            if self.can_evaluate:
-                env_state, obs = state["env_state"], state["obs"]
+            state, meta = self._restore(ckpt, state)
             start_iter = int(meta["iteration"]) + 1
             asked, answered = int(meta["queries"]), int(meta["labels"])
-            responses, cursor = int(meta.get("responses", answered)), int(meta.get("human_cursor", 0))
             wall_before = float(meta.get("wall_s", 0.0))
-            tracker = EpisodeTracker(self.env.num_envs, meta.get("episode_sums"))
-            reward_scale = jnp.asarray(meta["reward_scale"], jnp.float32)
             self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
         writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume,
                               keep_row=lambda r: r["iteration"] < start_iter,
                               purge_step=start_iter * self.steps_per_iter)
-        human = learn and cfg.label_source == "human"
-        if human:
-            from rlhp_jax.human.teacher import HumanTeacher, pair_shapes
-
-            self.human = HumanTeacher(out, cfg.env, render_fields=getattr(self.env, "render_fields", ()),
-                                      pair_shapes=pair_shapes(spec, self.seg_len))  # other pairs: skipped
+        teacher = self._teacher(out) if learn else None
+        if teacher is not None and restoring:
+            teacher.restore(meta)
+        total_steps = self.num_iters * self.steps_per_iter
         start = time.perf_counter()
 
-        def save(it):
-            meta = dict(iteration=it, queries=asked, labels=answered, responses=responses, human_cursor=cursor,
-                        wall_s=wall_before + time.perf_counter() - start,
-                        episode_sums=tracker.sums.tolist(), reward_scale=np.asarray(reward_scale).tolist())
-            ckpt.save(it, self._saveable(agent_state, ens_state, buffer, key, env_state, obs), meta)
+        def save(it, state):
+            meta = dict(iteration=it, queries=asked, labels=answered, wall_s=wall_before + time.perf_counter() - start,
+                        episode_sums=np.asarray(state.episode_sums).tolist(),
+                        reward_scale=np.asarray(state.reward_scale).tolist(),
+                        **(teacher.meta() if teacher is not None else {}))
+            ckpt.save(it, self._saveable(state), meta)
 
         if not restoring and learn and self.schedule.initial > 0:
             # Christiano A: the first comparisons are of clips from the untrained policy.
-            key, k_roll, k_q, k_fit = jax.random.split(key, 4)
-            env_state, obs, rollout, member_r = self._rollout_only(agent_state, env_state, obs, ens_state, k_roll)
-            if human:
-                initial = self.schedule.initial
-                buffer, cursor, responses, answered = self._take_answers(buffer, k_q, cursor)
-                earlier = responses + self.human.pending()  # an earlier start in this directory (same seed)
-                if earlier:
-                    self.log(f"reusing {responses} answers and {earlier - responses} open pairs already in {out}")
-                asked = earlier + self._ask_people(member_r, rollout, k_q, max(0, initial - earlier), 0)
-                self._publish(labels_due=initial, responses=responses, env_steps=0, total_steps=self.num_iters
-                              * self.steps_per_iter, state="waiting for the first labels")
-                last_log = 0.0
-                while cfg.wait_for_initial_labels and responses < initial:
-                    key, k_a = jax.random.split(key)
-                    buffer, cursor, got, usable = self._take_answers(buffer, k_a, cursor)
-                    responses, answered = responses + got, answered + usable
-                    if time.monotonic() - last_log > 15:
-                        self.log(f"waiting for people: {responses} of the first {initial} answers "
-                                 f"(RL starts when they are in)")
-                        last_log = time.monotonic()
-                    time.sleep(0.5)
-            else:
-                buffer, a, b = self._query(member_r, buffer, rollout, k_q, self.schedule.initial)
-                asked, answered = asked + a, answered + b
+            state, rollout, member_r, (k_q, k_fit) = parts.initial_rollout(state, self._rollout_only)
+            initial = self.schedule.initial
+            buffer, answered = self._collect(teacher, state.buffer, jax.random.fold_in(k_q, 1))
+            earlier = teacher.responses + teacher.pending()  # people: an earlier start in this directory
+            if earlier:
+                self.log(f"reusing {teacher.responses} answers and {earlier - teacher.responses} open pairs "
+                         f"already in {out}")
+            asked = earlier + self._ask(teacher, member_r, rollout, k_q, max(0, initial - earlier), 0)
+            teacher.publish(labels_due=initial, responses=teacher.responses, env_steps=0, total_steps=total_steps,
+                            state="waiting for the first labels")
+            buffer, got = self._collect(teacher, buffer, jax.random.fold_in(k_q, 2))
+            answered += got
+            last_log, waits = 0.0, 0
+            while cfg.wait_for_initial_labels and teacher.responses < initial:
+                waits += 1
+                buffer, got = self._collect(teacher, buffer, jax.random.fold_in(k_q, 2 + waits))
+                answered += got
+                if time.monotonic() - last_log > 15:
+                    self.log(f"waiting for people: {teacher.responses} of the first {initial} answers "
+                             f"(RL starts when they are in)")
+                    last_log = time.monotonic()
+                time.sleep(0.5)
             # pretraining (0 steps: A.1) ends with r̂'s normalization over the initial labels
-            ens_state, _ = self._fit(ens_state, buffer, k_fit, self.pretrain_steps)
-            save(0)
+            ens_state, _ = self._fit(state.ensemble, buffer, k_fit, self.pretrain_steps)
+            state = state.replace(buffer=buffer, ensemble=ens_state)
+            save(0, state)
 
         bar = None
         if self.progress:
             from tqdm import tqdm
-            bar = tqdm(total=self.num_iters * self.steps_per_iter, initial=(start_iter - 1) * self.steps_per_iter,
+            bar = tqdm(total=total_steps, initial=(start_iter - 1) * self.steps_per_iter,
                        unit="step", unit_scale=True, dynamic_ncols=True,
                        desc=f"{spec.name} {cfg.agent} {'r̂' if learn else 'true r'}")
         for it in range(start_iter, self.num_iters + 1):
-            key, k_it, k_q, k_fit, k_corr, k_eval = jax.random.split(key, 6)
+            key, keys = step_keys(state.key)
             t0 = time.perf_counter()
-            agent_state, env_state, obs, rollout, rewards, member_r, agent_m = self._iteration(
-                agent_state, env_state, obs, ens_state, reward_scale, k_it)
-            jax.block_until_ready((rewards, agent_state))  # the update too: its time is the agent's
+            state, rollout, rewards, member_r, agent_m = parts.act(state.replace(key=key), keys.iteration,
+                                                                   self._iteration)
+            jax.block_until_ready((rewards, state.agent))  # the update too: its time is the agent's
             t1 = time.perf_counter()
             env_steps = it * self.steps_per_iter
             row: dict[str, Any] = {"iteration": it, "env_steps": env_steps}
-            new_labels = False
+            responded = False
             evaluate_now = it % cfg.eval_every == 0 or it == self.num_iters
-            if human:
-                due = int(self.schedule.due(env_steps))
-                k_q, k_a = jax.random.split(k_q)
-                buffer, cursor, got, usable = self._take_answers(buffer, k_a, cursor)
-                responses, answered, new_labels = responses + got, answered + usable, got > 0
-                if cfg.query_max_age_steps:
-                    self.human.withdraw_older_than(env_steps - cfg.query_max_age_steps)
-                pending = self.human.pending()
-                n = min(due - responses - pending, cfg.max_pending_queries - pending)
-                if n > 0:
-                    asked += self._ask_people(member_r, rollout, k_q, n, env_steps)
-                row.update(labels_due=due, label_responses=responses, label_gap=due - responses,
-                           labels_pending=self.human.pending(), label_cant_tell=responses - answered)
-                self._publish(labels_due=due, responses=responses, env_steps=env_steps,
-                              total_steps=self.num_iters * self.steps_per_iter, state="training")
-            elif learn:
-                due = int(self.schedule.due(env_steps))
-                if due > asked:
-                    buffer, a, b = self._query(member_r, buffer, rollout, k_q, due - asked)
-                    asked, answered = asked + a, answered + b
-                    new_labels = True
             if learn:
+                due = int(self.schedule.due(env_steps))
+                before = teacher.responses
+                buffer, got = self._collect(teacher, state.buffer, jax.random.fold_in(keys.queries, 1))
+                if cfg.query_max_age_steps:
+                    teacher.withdraw_older_than(env_steps - cfg.query_max_age_steps)
+                pending = teacher.pending()
+                n = due - teacher.responses - pending
+                if teacher.max_pending is not None:
+                    n = min(n, teacher.max_pending - pending)
+                if n > 0:
+                    asked += self._ask(teacher, member_r, rollout, keys.queries, n, env_steps)
+                buffer, got2 = self._collect(teacher, buffer, jax.random.fold_in(keys.queries, 2))
+                answered += got + got2
+                responded = teacher.responses > before
+                state = state.replace(buffer=buffer)
                 row["labels_due"] = due
+                if teacher.asynchronous:
+                    row.update(label_responses=teacher.responses, label_gap=due - teacher.responses,
+                               labels_pending=teacher.pending(), label_cant_tell=teacher.responses - answered)
+                    teacher.publish(labels_due=due, responses=teacher.responses, env_steps=env_steps,
+                                    total_steps=total_steps, state="training")
                 t2 = time.perf_counter()
                 if self.fit_steps > 0 and answered > 0:
-                    ens_state, fit_m = self._fit(ens_state, buffer, k_fit, self.fit_steps)
+                    ens_state, fit_m = self._fit(state.ensemble, state.buffer, keys.fit, self.fit_steps)
+                    state = state.replace(ensemble=ens_state)
                     row["rm_train_loss"] = float(jnp.nanmean(fit_m["train_loss"]))
                     row["rm_l2"] = float(jnp.mean(ens_state.l2))
                 t3 = time.perf_counter()
                 # validated with the evaluations and at iteration 1 (the model fitted on the initial labels),
                 # not at a resumed run's first iteration: its rows are the uninterrupted run's
                 if evaluate_now or it == 1:
-                    ev = self._evaluate_ensemble(ens_state, buffer)
+                    ev = self._evaluate_ensemble(state.ensemble, state.buffer)
                     row["val_accuracy"] = nanmean_or_none(ev["val_accuracy"])
                     row["rm_val_loss"] = nanmean_or_none(ev["val_loss"])
-                row["reward_correlation"] = finite_or_none(self._correlation(rollout, rewards, k_corr))
+                row["reward_correlation"] = finite_or_none(self._correlation(rollout, rewards, keys.correlation))
                 # with the validation (sampling 10x candidates costs about as much as an agent update);
                 # its own key: every other draw stays as it was
-                if self.parts.has_falls and (evaluate_now or it == 1):
-                    falls = self._falls(rollout, rewards, member_r, jax.random.fold_in(k_corr, 1))
+                if parts.has_falls and (evaluate_now or it == 1):
+                    falls = self._falls(rollout, rewards, member_r, jax.random.fold_in(keys.correlation, 1))
                     row.update({f"fall_{k}": finite_or_none(v) for k, v in falls.items()})
                 row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2, time_diagnostics_s=time.perf_counter() - t3)
-            episodes, episode_return = tracker.update(rollout.raw_reward, self.parts.episode_ends(rollout),
-                                                      rollout.valid)
-            row.update(
-                labels=answered,
-                queries=asked,
-                true_return=float(jnp.mean(rollout.true_reward)) * spec.horizon,
-                predicted_return=float(jnp.mean(rewards)) * spec.horizon,
-                episodes=episodes,
-                episode_return=episode_return,
-                terminations=int(rollout.terminated.sum()),
-                policy_entropy=float(agent_m.get("entropy", jnp.nan)),
-                time_agent_s=t1 - t0,
-            )
+            sums, episodes, total = self._score(state.episode_sums, rollout)
+            state = state.replace(episode_sums=sums, queries=asked, labels=answered)
+            row.update(host_values(self._progress_metrics(it, state, rollout, rewards, agent_m, episodes, total)))
+            row["time_agent_s"] = t1 - t0
             if self.can_evaluate and evaluate_now:
-                row["eval_return"] = float(self._eval(agent_state.params, k_eval))
+                row["eval_return"] = float(self._eval(state.agent.params, keys.evaluation))
             row["wall_s"] = wall_before + time.perf_counter() - start
             row["steps_per_s"] = env_steps / row["wall_s"]
             writer.write(row)
             tb.scalars(env_steps, row)
             if it == self.num_iters or (cfg.checkpoint_every and it % cfg.checkpoint_every == 0) \
-                    or (new_labels and cfg.checkpoint_on_labels):
-                save(it)
+                    or (responded and cfg.checkpoint_on_labels):
+                save(it, state)
             if bar is not None:
                 bar.update(self.steps_per_iter)
                 post = {"true": f"{row['true_return']:.1f}", "labels": answered}
@@ -360,13 +309,13 @@ class PreferenceRun:
                 bar.set_postfix(post)
         if bar is not None:
             bar.close()
-        if human:
-            self.human.close()
-            self._publish(state="finished")
+        if teacher is not None:
+            teacher.close()
+            teacher.publish(state="finished")
         writer.close()
         tb.close()
         summary = self._summary(read_jsonl(out / "metrics.jsonl"), answered, asked)
-        self.final = dict(agent_state=agent_state, ens_state=ens_state, buffer=buffer)
+        self.final = dict(agent_state=state.agent, ens_state=state.ensemble, buffer=state.buffer)
         return summary
 
     def _summary(self, rows, answered, asked) -> dict[str, Any]:

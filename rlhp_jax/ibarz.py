@@ -41,127 +41,27 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax import tasks
-from rlhp_jax.agents.dqfd import DQfD, DQfDConfig
+from rlhp_jax.agents.dqfd import DQfD
+from rlhp_jax.config import IbarzConfig
+from rlhp_jax.core import episode_ends
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
-from rlhp_jax.config_fields import check_ranges, dataclass_from_json
 from rlhp_jax.runs import continues_from_checkpoint, open_run, read_run_config, write_summary
-from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
+from rlhp_jax.ensemble import RewardEnsemble
 from rlhp_jax.envs import make_env
-from rlhp_jax.loop import bucket, steps_note
+from rlhp_jax.labels import bucket
+from rlhp_jax.loop import steps_note
 from rlhp_jax.metrics import (finite_or_none, nanmean_or_none, plot_ibarz_run,
                               read_jsonl, segment_return_correlation)
-from rlhp_jax.preferences import bradley_terry_loss, check_labels, label_entropy_bound, segment_returns
-from rlhp_jax.replay import PrioritizedReplay, ReplayConfig
+from rlhp_jax.preferences import bradley_terry_loss, label_entropy_bound, segment_returns
+from rlhp_jax.replay import PrioritizedReplay
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.schedules import label_schedule
-from rlhp_jax.teachers import SyntheticTeacher
-
-SETUPS = {
-    "imitation": "the large-margin loss on the demonstrations only: no preferences, no RL",
-    "no_demos": "preferences only (Christiano et al.'s setup, with DQN)",
-    "demos+prefs": "demonstrations and preferences",
-    "demos+prefs+autolabels": "demonstrations and preferences, plus demo-preferred labels on the initial clips",
-}
-FULL_SCHEDULE = 6800  # A.3: the full schedule's labels; 500 of them initial
-FULL_INITIAL = 500
-
-# Ibarz A.1 on Atari: all 18 actions, 0-90 no-ops at reset
-ATARI_OPTIONS = (("full_action_space", True), ("noop_max", 90))
-
-
-@dataclasses.dataclass(frozen=True)
-class IbarzConfig:
-    env: str = "Pong"
-    setup: str = "demos+prefs"
-    demos: str | None = None  # demo file (rlhp_jax.demos); required unless setup is no_demos
-    demo_fraction: float = 1.0  # Ibarz Fig. 1: "20 % demos"
-    total_steps: int = 50_000_000  # A.4: 500 iterations of 1e5 actor steps
-    iteration_steps: int = 100_000  # A.4: actor steps per iteration (reward model fixed within)
-    labels: int = FULL_SCHEDULE  # A.3: 6,800 (reduced: 3,400 / 1,700 / 1,133)
-    initial_labels: int | None = None  # None: 500 · labels / 6,800 (A.4: 500 / 250 / 125 / 83)
-    rate_constant: float = 5e6  # A.3: rate ∝ 5e6 / (T + 5e6)
-    segment_length: int = 25  # A.3: clips of 25 actor steps
-    bc_batches: int = 20_000  # A.4: first pretraining on the demos
-    rm_pretrain_batches: int = 50_000  # A.4: reward model on the initial labels
-    second_pretrain_batches: int = 60_000  # A.4: second pretraining, with r̂
-    rm_batches_per_iteration: int = 6_250  # A.4
-    initial_steps: int | None = None  # actor steps of the initial trajectories; None: 2 · initial · segment
-    num_envs: int = 1  # actors stepping together (each its own replay lane)
-    seed: int = 0
-    env_options: tuple = ()  # None of the Atari defaults (ATARI_OPTIONS) is applied when set
-    agent_config: DQfDConfig = DQfDConfig()
-    replay: ReplayConfig = ReplayConfig()
-    reward_model: EnsembleConfig = EnsembleConfig(
-        num_members=1,  # A.3: "We do not use an ensemble"
-        bootstrap=False,  # A.4: batches "sampled uniformly from the annotation buffer"
-        input_noise=0.1,  # A.3: Gaussian noise of amplitude 0.1 on [0, 1] inputs
-        reward_l2=0.01,  # A.3: a loss ∝ squared predicted reward (the weight is not given)
-        reward_std=0.05,  # A.3: normalized to std 0.05 over the annotation buffer
-    )
-    reward_dropout: float = 0.2  # A.3: per-channel dropout "with α = 0.8" (keep probability)
-    teacher: SyntheticTeacher = SyntheticTeacher()
-    frozen_reward: str | None = None  # a finished run's directory: its reward model, fixed
-    model_reward_samples: int = 4096  # steps per iteration scored for the model-vs-true reward curves
-    keep_checkpoints: int = 2
-    checkpoint_replay: bool = True  # replay buffer in checkpoints (7 GB when full on Atari)
-    out: str = "runs/ibarz"
-    protocol: str = "ibarz"  # marks config.json for --resume
-
-    def __post_init__(self):
-        if self.setup not in SETUPS:
-            raise ValueError(f"Unknown setup {self.setup!r}. Available: {', '.join(SETUPS)}.")
-        if self.setup != "no_demos" and not self.demos:
-            raise ValueError(f"The {self.setup} setup learns from demonstrations: give --demos PATH "
-                             "(record some with python -m rlhp_jax.demos record or python -m rlhp_jax.human play).")
-        if self.setup == "no_demos" and self.demos:
-            raise ValueError("--setup no_demos uses no demonstrations: drop --demos (or choose another setup).")
-        if self.total_steps < 1 or self.iteration_steps < 1:
-            raise ValueError("total_steps and iteration_steps must be positive")
-        if self.setup not in ("imitation",) and self.frozen_reward is None and self.labels < 1:
-            raise ValueError(f"Learning from preferences needs labels; got --labels {self.labels}.")
-        if self.frozen_reward is not None and self.setup == "imitation":
-            raise ValueError("--frozen-reward trains on a reward model; the imitation setup uses none.")
-        for name in ("bc_batches", "rm_pretrain_batches", "second_pretrain_batches", "rm_batches_per_iteration"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        if self.num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
-        check_ranges(self, counts=("segment_length", "initial_steps", "model_reward_samples", "keep_checkpoints"),
-                     nonnegative=("initial_labels",), positive=("rate_constant", "demo_fraction"),
-                     fractions=("demo_fraction", "reward_dropout"))
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
-        if not all(isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) for o in self.env_options):
-            raise ValueError(f"env_options must be (name, value) pairs, got {self.env_options!r:.60}")
-
-    @property
-    def learns_rewards(self) -> bool:
-        return self.setup != "imitation" and self.frozen_reward is None
-
-    @property
-    def uses_reward_model(self) -> bool:
-        return self.setup != "imitation"
-
-    @property
-    def uses_demos(self) -> bool:
-        return self.setup != "no_demos"
-
-    def initial_count(self) -> int:
-        if self.initial_labels is not None:
-            return min(int(self.initial_labels), self.labels)
-        return min(self.labels, max(1, round(FULL_INITIAL * self.labels / FULL_SCHEDULE)))
-
-
-def config_from_json(d: dict) -> IbarzConfig:
-    """Inverse of ``config_to_json`` (the saved ``config.json`` of a run): every field required and
-    of its declared type, nested configs rebuilt.  Raises ``ValueError`` naming the field."""
-    return dataclass_from_json(IbarzConfig, d)
-
+from rlhp_jax.teachers import OracleTeacher
 
 # stages of the protocol; a checkpoint's step number is the stage it completed
 BC, INITIAL, RM_PRETRAIN, SECOND_PRETRAIN = 1, 2, 3, 4
 FIRST_ITERATION = 5
+LABEL_BATCH = 512  # pairs labeled and added in one compiled call (Atari clips: 512 × 2 × 25 frames)
 
 
 class IbarzRun:
@@ -171,11 +71,7 @@ class IbarzRun:
                  resume: bool = False):
         self.cfg = cfg = config
         self.progress, self.log, self.resume = progress, log, resume
-        options = dict(cfg.env_options)
-        task = tasks.find(cfg.env)
-        if task is not None and task.backend != "gymnax" and not cfg.env_options:
-            options = dict(ATARI_OPTIONS)
-        self.env = make_env(cfg.env, cfg.num_envs, **options)
+        self.env = make_env(cfg.env, cfg.num_envs, **cfg.env_kwargs())
         self.spec = spec = self.env.spec
         if not spec.discrete:
             raise ValueError(f"DQfD needs discrete actions; {spec.name} is continuous. "
@@ -244,7 +140,7 @@ class IbarzRun:
         self._rewards = jax.jit(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
         self._fit = rm.fitter()
         self._evaluate_rm = jax.jit(rm.evaluate)
-        self._label = jax.jit(cfg.teacher.label_pairs)
+        self.teacher = OracleTeacher(cfg.teacher)
         self._add = jax.jit(labels_lib.add_labels)
         def loss_and_bound(rm_state, buf):
             """The model's loss on every label in the buffer (inference mode) and the lowest loss
@@ -300,7 +196,7 @@ class IbarzRun:
             out = jax.device_get(out)
             self.replay.add(obs_np, np.asarray(action), out.valid, out.true_reward)
             self.obs = out.obs
-            ends = np.asarray(out.boundary) | (np.asarray(out.terminated) if self.spec.on_terminate == "reset" else False)
+            ends = episode_ends(self.spec, np.asarray(out.boundary), np.asarray(out.terminated))
             raw = np.where(out.valid, out.raw_reward, 0.0)
             self.episode_sums += raw
             for i in np.flatnonzero(ends):
@@ -333,7 +229,7 @@ class IbarzRun:
         answered, first = 0, None
         remaining = num
         while remaining > 0:
-            q = min(bucket(remaining), 512)
+            q = min(bucket(remaining), LABEL_BATCH)
             take = min(q, remaining)
             pick = self.rng.integers(0, len(pool), size=2 * q)
             clips = self.replay.segments(lanes[pick], steps[pick], self.cfg.segment_length)
@@ -342,11 +238,10 @@ class IbarzRun:
                 action=jnp.asarray(clips["action"].reshape(q, 2, -1)),
                 true_reward=jnp.asarray(clips["true_reward"].reshape(q, 2, -1)))
             key, k_t, k_a = jax.random.split(key, 3)
-            mu, ok = self._label(k_t, pairs)
-            mask = (jnp.arange(q) < take) & ok
-            check_labels(np.asarray(mu)[np.asarray(mask)])
-            self.buffer = self._add(self.buffer, k_a, pairs, mu, mask)
-            answered += int(mask.sum())
+            self.teacher.ask(pairs, None, take, (k_t, k_a), self.actor_steps)
+            for a in self.teacher.collect(k_a):
+                self.buffer = self._add(self.buffer, a.key, a.pairs, a.mu, a.mask)
+                answered += int(np.asarray(a.mask).sum())
             if first is None:
                 first = jax.tree.map(lambda x: np.asarray(x[:take]), pairs)
             self.asked += take
@@ -359,14 +254,10 @@ class IbarzRun:
         k = initial_pairs.obs.shape[0]
         demo = self.demos.segments(self.rng, 2 * k, self.cfg.segment_length)
         pairs, mu = autolabels(initial_pairs, demo)
-        for lo in range(0, 2 * k, 512):
-            hi = min(2 * k, lo + 512)
-            q = bucket(hi - lo)
-            pad = lambda x: np.concatenate([x[lo:hi], np.zeros((q - (hi - lo), *x.shape[1:]), x.dtype)])
-            chunk = labels_lib.SegmentPairs(obs=jnp.asarray(pad(pairs.obs)), action=jnp.asarray(pad(pairs.action)),
-                                            true_reward=jnp.asarray(pad(pairs.true_reward)))
+        arrays = dict(obs=np.asarray(pairs.obs), action=np.asarray(pairs.action), true_reward=np.asarray(pairs.true_reward))
+        for chunk, m, mask in labels_lib.padded_batches(arrays, np.asarray(mu), LABEL_BATCH):
             key, k_a = jax.random.split(key)
-            self.buffer = self._add(self.buffer, k_a, chunk, jnp.asarray(pad(mu)), jnp.arange(q) < hi - lo)
+            self.buffer = self._add(self.buffer, k_a, chunk, jnp.asarray(m), jnp.asarray(mask))
         self.autolabels_added += 2 * k
         return 2 * k
 
@@ -628,4 +519,4 @@ def _mean_metrics(history: list) -> dict:
 
 
 
-__all__ = ["IbarzConfig", "IbarzRun", "SETUPS", "config_from_json", "DemoError"]
+__all__ = ["IbarzRun", "load_models"]

@@ -18,10 +18,12 @@ Each slot also carries, for every ensemble member,
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 HELDOUT_FRACTION = 1.0 / math.e  # Christiano §2.2.3
@@ -57,6 +59,28 @@ class LabelBuffer(struct.PyTreeNode):
     @property
     def num_members(self) -> int:
         return self.heldout.shape[0]
+
+
+def bucket(n: int) -> int:
+    """Round a count of pairs up to a power of two, so few batch shapes are ever compiled."""
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def padded_batches(pairs: dict, mu: np.ndarray, max_batch: int) -> Iterator[tuple[SegmentPairs, np.ndarray, np.ndarray]]:
+    """Host arrays of labeled pairs (``pairs``: obs, action, true_reward ``[n, 2, T, ...]``; ``mu``
+    [n], NaN for "can't tell") in batches of at most ``max_batch``, each padded with zeros to a
+    power-of-two size (:func:`bucket`): yields ``(pairs, mu, mask)`` for :func:`add_labels`, with
+    ``mask`` true on the real pairs that have a label to train on."""
+    n = len(mu)
+    for lo in range(0, n, max_batch):
+        hi = min(n, lo + max_batch)
+        q = bucket(hi - lo)
+        pad = lambda x: np.concatenate([x[lo:hi], np.zeros((q - (hi - lo), *x.shape[1:]), x.dtype)])
+        batch = SegmentPairs(obs=jnp.asarray(pad(pairs["obs"])), action=jnp.asarray(pad(pairs["action"])),
+                             true_reward=jnp.asarray(pad(pairs["true_reward"]), jnp.float32))
+        m = pad(np.asarray(mu))
+        mask = (np.arange(q) < hi - lo) & np.isfinite(m)
+        yield batch, np.nan_to_num(m), mask
 
 
 def empty_label_buffer(capacity: int, num_members: int, segment_length: int, obs_shape, action_shape,

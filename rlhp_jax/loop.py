@@ -1,22 +1,30 @@
-"""One preference-learning run as pure functions: what the host driver and the compiled loop share.
+"""Christiano's loop, written once, as pure functions: what the host driver and the compiled loop share.
 
 ``RunParts(config)`` builds, from a ``config.RunConfig``, everything a run is made of (the
 environments, the agent, the reward ensemble, the label schedule, the sizes of an iteration)
-and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly functions:
+and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly functions over the
+run's state, a :class:`TrainState` pytree:
 
-    reward_scale(key)
-        (shift, scale) of the true reward for the RL baseline (``baseline_reward``)
-    iteration(agent_state, env_state, obs, ens_state, reward_scale, key)
-        the agent acts on r̂ and updates ``updates_per_iter`` times (one ``lax.scan``)
-    rollout_only(agent_state, env_state, obs, ens_state, key)
-        the same amount of acting without updates (clips of the untrained policy)
-    query_chunk(buffer, member_r, rollout, keys, n_live, q)
-        q·10 candidate pairs → select q (disagreement or random) → oracle labels → label set
-    correlation(rollout, rewards, key)
-        corr(r̂, true return) over fresh segments (a diagnostic)
-    fall_diagnostics(rollout, rewards, member_r, key)
-        on tasks with a penalty for leaving the healthy range: how often the agent is out of it, how
-        often candidate and chosen clips show it, and what r̂ makes of it (a diagnostic)
+    fresh(key)                                   new agent, ensemble, environments, empty label set
+    initial_rollout(state)                       the untrained policy's clips (Christiano A)
+    step_keys(key)                               one iteration's keys (module function)
+    act(state, key)                              act on r̂ and update ``updates_per_iter`` times
+                                                 (``iteration``: one ``lax.scan``)
+    candidates(member_r, rollout, key, n, q)     q·10 candidate pairs → the q selected (disagreement or random)
+    query_chunk(buffer, member_r, rollout, keys, n, q)   select → oracle labels → label set
+    ask_oracle(buffer, member_r, rollout, key, n, max_n)  a traced number of queries, in chunks
+    score_episodes(sums, rollout)                the task's own episode returns
+    progress_metrics(it, state, rollout, ...)    the columns every metrics row has
+    correlation, fall_diagnostics                diagnostics of r̂ against the true reward
+    reward_scale(key)                            the RL baseline's (shift, scale) of the true reward
+
+Each iteration is: ``step_keys`` → ``act`` → the labels due (``chunk_keys`` per chunk of
+queries: candidates → teacher → ``labels.add_labels``) → the ensemble's fit → diagnostics and
+``progress_metrics``.  Two compositions run it: ``rlhp_jax.driver.PreferenceRun`` on the host
+(each piece jitted; any ``teachers.Teacher`` — the oracle or people; checkpoints, logging,
+progress) and ``rlhp_jax.compiled.CompiledRun`` (the whole run in one XLA program, the oracle
+only, many lanes).  Same keys, same shapes, same functions: for the oracle they produce the same
+labels and, within float tolerance, the same reward model (``tests/test_compiled.py``).
 
 ``member_r`` is every member's *raw* reward on each step of a rollout, computed once per
 rollout: the agent trains on r̂ = the mean of the members normalized on their own
@@ -31,12 +39,7 @@ uniformly random policy's mean and std (``"normalized"``, the default for the cl
 A run takes whole iterations of ``steps_per_iter`` environment steps, at least one: ``total_steps``
 is rounded down to them, and ``steps_note`` says so when that changes the number.
 
-``rlhp_jax.driver.PreferenceRun`` jits each piece and holds the state between them on the
-host (checkpoints, human teachers, logging); ``rlhp_jax.compiled`` composes the very same
-pieces into one compiled program.  Keeping them here is what makes the two paths the same
-algorithm: same keys, same shapes, same functions.
-
-Query counts are rounded up to a power of two (``bucket``) and asked in chunks of at most
+Query counts are rounded up to a power of two (``labels.bucket``) and asked in chunks of at most
 ``MAX_QUERY_CHUNK`` so that few shapes are ever compiled; the first ``n_live`` pairs of a
 chunk are real, the rest are masked out.
 """
@@ -45,12 +48,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from rlhp_jax import agents as agents_lib
 from rlhp_jax import labels as labels_lib
+from rlhp_jax.labels import bucket
 from rlhp_jax import queries
 from rlhp_jax.agents.common import random_reward_stats
 from rlhp_jax.ensemble import RewardEnsemble
@@ -59,16 +65,42 @@ from rlhp_jax.metrics import segment_return_correlation
 from rlhp_jax.preferences import preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.rollout import collect_rollout
-from rlhp_jax.core import Rollout, clip_action
+from rlhp_jax.core import Rollout, clip_action, episode_ends
 from rlhp_jax.schedules import label_schedule
 
 MAX_QUERY_CHUNK = 1024  # pairs selected and labeled in one compiled call
 FALL_PROBE_PAIRS = 64  # pairs the fall diagnostics select (from 10x as many candidates) per iteration
 
 
-def bucket(n: int) -> int:
-    """Round a query count up to a power of two so few query shapes are ever compiled."""
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+class TrainState(struct.PyTreeNode):
+    """Everything a run carries from one iteration to the next (the driver's checkpoints hold it)."""
+
+    agent: Any
+    ensemble: Any
+    buffer: labels_lib.LabelBuffer
+    env_state: Any
+    obs: jax.Array
+    key: jax.Array
+    reward_scale: jax.Array  # (shift, scale) of the baseline's true reward (RunParts.reward_scale)
+    queries: jax.Array  # int32 pairs asked
+    labels: jax.Array  # int32 labels answered and kept
+    episode_sums: jax.Array  # [N] running returns of the task's episodes
+
+
+class StepKeys(NamedTuple):
+    """The keys one iteration draws from the run's key, in the order both loops split them."""
+
+    iteration: jax.Array  # acting and the agent's updates
+    queries: jax.Array  # selecting (and, for the oracle, labeling) this iteration's queries
+    fit: jax.Array  # the reward model's fit
+    correlation: jax.Array  # the corr(r̂, true return) and fall diagnostics
+    evaluation: jax.Array  # evaluation episodes
+
+
+def step_keys(key) -> tuple[jax.Array, StepKeys]:
+    """(the run's next key, this iteration's keys)."""
+    key, *keys = jax.random.split(key, 6)
+    return key, StepKeys(*keys)
 
 
 def query_chunks(n: int) -> list[tuple[int, int]]:
@@ -80,6 +112,16 @@ def query_chunks(n: int) -> list[tuple[int, int]]:
         chunks.append((q, take))
         n -= take
     return chunks
+
+
+def chunk_keys(key, count: int) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+    """The (candidates, teacher, label set) keys of each of ``count`` query chunks drawn from
+    ``key``: one schedule for the host driver and the compiled loop."""
+    out = []
+    for _ in range(count):
+        key, k_c, k_t, k_a = jax.random.split(key, 4)
+        out.append((k_c, k_t, k_a))
+    return out
 
 
 def steps_note(requested: int, run: int, per_iteration: int) -> str | None:
@@ -160,6 +202,64 @@ class RunParts:
         self.iteration_loop = "host" if (jax.default_backend() == "cpu" and self.updates_per_iter > 1
                                          and getattr(getattr(self.agent, "pi", None), "network", "") == "cnn") \
             else "scan"
+
+    # ------------------------------------------------------------------ the run's state
+    def fresh(self, key, reward_scale: bool = True) -> TrainState:
+        """A new agent, ensemble and environments and an empty label set.  ``reward_scale=False``
+        skips the baseline's random-policy statistics (a run about to be restored from a
+        checkpoint: they are in its metadata) and leaves (0, 1)."""
+        key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
+        agent_state = self.agent.init(k_agent)
+        ens_state = self.ensemble.init(k_ens)
+        scale = self.reward_scale(k_scale) if reward_scale else jnp.asarray((0.0, 1.0), jnp.float32)
+        env_state, obs = self.env.reset(k_env)  # after reward_scale: its statistics step the environments
+        return TrainState(agent=agent_state, ensemble=ens_state,
+                          buffer=self.ensemble.empty_buffer(self.label_capacity, self.seg_len),
+                          env_state=env_state, obs=obs, key=key, reward_scale=scale,
+                          queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
+                          episode_sums=jnp.zeros((self.env.num_envs,), jnp.float32))
+
+    def initial_rollout(self, state: TrainState, rollout_only=None):
+        """Christiano A: the first comparisons are of clips from the untrained policy.  Acts for an
+        iteration without updates (``rollout_only``: this object's, or a compiled stand-in);
+        returns (state, rollout, member rewards, (queries key, fit key))."""
+        rollout_only = self.rollout_only if rollout_only is None else rollout_only
+        key, k_roll, k_q, k_fit = jax.random.split(state.key, 4)
+        env_state, obs, rollout, member_r = rollout_only(state.agent, state.env_state, state.obs, state.ensemble,
+                                                         k_roll)
+        return state.replace(env_state=env_state, obs=obs, key=key), rollout, member_r, (k_q, k_fit)
+
+    def act(self, state: TrainState, key, iteration=None):
+        """One iteration of acting and agent updates from ``state`` (``iteration``: this object's
+        ``iteration`` or a compiled stand-in for it): returns (state, rollout, r̂, member rewards,
+        agent metrics, episodes finished, sum of their returns)."""
+        iteration = self.iteration if iteration is None else iteration
+        agent_state, env_state, obs, rollout, rewards, member_r, agent_m = iteration(
+            state.agent, state.env_state, state.obs, state.ensemble, state.reward_scale, key)
+        return state.replace(agent=agent_state, env_state=env_state, obs=obs), rollout, rewards, member_r, agent_m
+
+    def score_episodes(self, sums, rollout: Rollout):
+        """Add a rollout's steps to the running episode returns ``sums`` [N]: (sums, episodes
+        finished, the sum of their returns)."""
+        return finished_episodes(sums, rollout.raw_reward, self.episode_ends(rollout), rollout.valid)
+
+    def progress_metrics(self, it, state: TrainState, rollout: Rollout, rewards, agent_m, episodes, total) -> dict:
+        """The columns every iteration's metrics row has, as arrays (both loops log these):
+        counts, the true and predicted return per episode length, the task's own episode scores
+        (NaN when none finished), terminations and the policy's entropy."""
+        nan = jnp.asarray(jnp.nan, jnp.float32)
+        horizon = self.spec.horizon
+        return dict(
+            iteration=jnp.asarray(it, jnp.int32),
+            env_steps=jnp.asarray(it, jnp.int32) * self.steps_per_iter,
+            labels=state.labels, queries=state.queries,
+            true_return=jnp.mean(rollout.true_reward) * horizon,
+            predicted_return=jnp.mean(rewards) * horizon,
+            episodes=episodes,
+            episode_return=jnp.where(episodes > 0, total / jnp.maximum(episodes, 1), nan),
+            terminations=jnp.sum(rollout.terminated.astype(jnp.int32)),
+            policy_entropy=jnp.asarray(agent_m.get("entropy", nan), jnp.float32),
+        )
 
     # ------------------------------------------------------------------ acting
     def reward_scale(self, key):
@@ -274,14 +374,36 @@ class RunParts:
         mask = (jnp.arange(q) < n_live) & ok
         return labels_lib.add_labels(buffer, k_a, pairs, mu, mask), mu, mask
 
+    def ask_oracle(self, buffer, member_r, rollout: Rollout, key, n, max_n: int):
+        """``n`` queries to the synthetic oracle inside a compiled program, ``n`` traced and at most
+        ``max_n``: returns (buffer, labels added).  Chunk ``c`` takes ``chunk_keys``' c-th keys
+        and is a ``lax.switch`` over the power-of-two sizes, so the branch taken is the very shape
+        the host driver compiles for that count, and the random draws agree."""
+        got = jnp.zeros((), jnp.int32)
+        if max_n <= 0:
+            return buffer, got
+        top = min(bucket(max_n), MAX_QUERY_CHUNK)
+        sizes = [1 << i for i in range(top.bit_length())]  # 1, 2, 4, … top
+        for c, keys in enumerate(chunk_keys(key, math.ceil(max_n / MAX_QUERY_CHUNK))):
+            n_c = jnp.clip(n - c * MAX_QUERY_CHUNK, 0, MAX_QUERY_CHUNK)
+            branch = jnp.where(n_c == 0, 0, 1 + sum((n_c > s).astype(jnp.int32) for s in sizes[:-1]))
+
+            def asked(q, keys=keys, n_c=n_c):
+                def run(buffer):
+                    buffer, _, mask = self.query_chunk(buffer, member_r, rollout, keys, n_c, q)
+                    return buffer, jnp.sum(mask.astype(jnp.int32))
+                return run
+
+            buffer, added = jax.lax.switch(branch, [lambda b: (b, jnp.zeros((), jnp.int32))]
+                                           + [asked(q) for q in sizes], buffer)
+            got = got + added
+        return buffer, got
+
     # ------------------------------------------------------------------ diagnostics
     def episode_ends(self, rollout: Rollout):
         """[T, N] where the task's own episodes end: the fixed horizon, and termination where the
         emulator resets silently (on_terminate="reset")."""
-        ends = rollout.boundary
-        if self.spec.on_terminate == "reset":
-            ends = ends | rollout.terminated
-        return ends
+        return episode_ends(self.spec, rollout.boundary, rollout.terminated)
 
     @property
     def has_falls(self) -> bool:

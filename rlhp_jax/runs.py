@@ -14,14 +14,14 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from rlhp_jax.config import config_from_json, config_to_json
+from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_json
 from rlhp_jax.config_fields import describe
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
 
 
 def read_run_config(run_dir: str | Path):
     """The configuration a run directory was started with (its ``config.json``): a
-    :class:`RunConfig`, or an ``ibarz.IbarzConfig`` where the file says ``"protocol": "ibarz"``,
+    :class:`RunConfig`, or an :class:`IbarzConfig` where the file says ``"protocol": "ibarz"``,
     with ``out`` set to ``run_dir`` (what ``--resume``, demo recording and ``--frozen-reward`` read).
 
     The file must be what a run wrote: UTF-8 JSON holding every field of the config with a value
@@ -35,9 +35,7 @@ def read_run_config(run_dir: str | Path):
         saved = json.loads(path.read_bytes().decode("utf-8"))
         protocol = saved.get("protocol", "christiano") if isinstance(saved, dict) else None
         if protocol == "ibarz":
-            from rlhp_jax.ibarz import config_from_json as ibarz_from_json
-
-            cfg = ibarz_from_json(saved)
+            cfg = ibarz_config_from_json(saved)
         elif protocol in ("christiano", None):
             cfg = config_from_json(saved)
         else:

@@ -40,7 +40,7 @@ class MujocoModel:
 
     ``root_info``: info fields holding the root position that the observation excludes; the
     environment wrapper keeps them per step (``StepOut.render``) for the clips.  ``layout``: how
-    the observation maps to ``qpos``/``qvel`` (``clips.reconstruct_state``)."""
+    the observation maps to ``qpos``/``qvel`` (``render.mujoco.reconstruct_state``)."""
 
     model_timestep: float  # <option timestep> of the task's XML in envpool's assets (gym v4 models)
     frame_skip: int  # simulator steps per environment step (envpool's default for the task)
@@ -220,7 +220,7 @@ _ENTRIES = (
     # ---- MuJoCo (A.1).  Clips of 1.5 s: Hopper and Walker2d 188 steps (8 ms per step), HalfCheetah, Ant
     # and InvertedDoublePendulum 30, Swimmer and InvertedPendulum 38, Reacher its whole 50-step episode.
     # (A.1 says "15 to 60 timesteps"; gym's own timesteps give 188 on Hopper and Walker2d, and 1.5 s is
-    # what a person watches, so the seconds win.)  Observation layouts: see clips.reconstruct_state;
+    # what a person watches, so the seconds win.)  Observation layouts: see render.mujoco.reconstruct_state;
     # camera: the XML's "track" camera, or a free one showing the whole arena / rail.  Guidance: B.1.
     _mujoco("Hopper", timestep=0.002, frame_skip=4, penalty=-1.0, options=(_RUNS_ON, _NO_CTRL), root_info=_X,
             nq=6, nv=6, obs_dim=11, layout="root_excluded", camera="track",  # obs = qpos[1:], clip(qvel, ±10)

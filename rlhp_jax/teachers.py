@@ -18,18 +18,28 @@ Order of decisions for one pair, with R¹, R² the perceived returns:
 
 Perceived return: R = Σₜ γ^(L−1−t) rₜ with ``gamma`` the myopic discount (1 = no discount; the
 myopic teacher weighs the end of a clip most, as a person remembers it best).
+
+**One interface for every teacher** (:class:`Teacher`), as a host loop sees it: ``ask`` poses
+selected pairs, ``collect`` hands back the answers that have arrived, as batches ready for
+``labels.add_labels``.  :class:`OracleTeacher` is the oracle behind it (answers at once);
+``rlhp_jax.human.teacher.HumanTeacher`` is people, through the label store (answers minutes
+later).  The compiled loop calls ``SyntheticTeacher.label_pairs`` inside its program: the same
+function the oracle's ``ask`` runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, NamedTuple, Protocol
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from rlhp_jax.preferences import is_concrete
+from rlhp_jax.labels import SegmentPairs
+from rlhp_jax.preferences import check_labels, is_concrete
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,3 +93,92 @@ class SyntheticTeacher:
     def label_pairs(self, key, pairs):
         """Convenience: label a ``SegmentPairs`` batch."""
         return self.label(key, pairs.true_reward[:, 0], pairs.true_reward[:, 1])
+
+
+class Answers(NamedTuple):
+    """A batch of answered pairs for ``labels.add_labels``."""
+
+    pairs: SegmentPairs  # [q, 2, T, ...], padded to a compiled size
+    mu: Any  # [q] labels in {0, 0.5, 1}
+    mask: Any  # [q] bool: a label to train on (not padding, not skipped, not "can't tell")
+    key: jax.Array  # the key the label set draws this batch's held-out flags and bootstrap counts with
+
+
+class Teacher(Protocol):
+    """Who answers a run's queries, as the host loop sees it.
+
+    ``responses`` counts answers read so far, "can't tell" and skipped pairs included (the label
+    schedule is met when responses and pending pairs reach the labels due); ``max_pending``
+    caps the pairs waiting for an answer (None: no cap)."""
+
+    asynchronous: bool  # answers arrive later (people), not at once
+    responses: int
+    max_pending: int | None
+
+    def ask(self, pairs: SegmentPairs, render, take: int, keys, env_steps: int) -> None:
+        """Pose the first ``take`` of ``pairs`` (``render``: what drawing their clips needs; ``keys``:
+        (label, add) keys for a teacher that answers at once)."""
+
+    def collect(self, key) -> list[Answers]:
+        """The answers that arrived since the last call (``key``: for batches the teacher forms itself)."""
+
+    def pending(self) -> int:
+        """Pairs asked and not answered yet."""
+
+    def withdraw_older_than(self, env_steps: int) -> int:
+        """Stop offering pairs made before ``env_steps``; returns how many."""
+
+    def publish(self, **facts) -> None:
+        """Tell whoever answers how the run is doing (labels due, progress)."""
+
+    def meta(self) -> dict:
+        """What a checkpoint keeps of the teacher."""
+
+    def restore(self, meta: dict) -> None:
+        """Continue from a checkpoint's metadata."""
+
+    def close(self) -> None:
+        ...
+
+
+class OracleTeacher:
+    """The synthetic oracle behind the :class:`Teacher` interface: labels pairs as they are asked."""
+
+    asynchronous = False
+    max_pending = None
+
+    def __init__(self, teacher: SyntheticTeacher):
+        self.teacher = teacher
+        self.responses = 0
+        self._label = jax.jit(teacher.label_pairs)
+        self._answers: list[Answers] = []
+
+    def ask(self, pairs: SegmentPairs, render, take: int, keys, env_steps: int) -> None:
+        k_label, k_add = keys
+        mu, ok = self._label(k_label, pairs)
+        mask = (jnp.arange(pairs.num_pairs) < take) & ok
+        check_labels(np.asarray(mu)[np.asarray(mask)])
+        self._answers.append(Answers(pairs, mu, mask, k_add))
+        self.responses += take
+
+    def collect(self, key) -> list[Answers]:
+        answers, self._answers = self._answers, []
+        return answers
+
+    def pending(self) -> int:
+        return 0
+
+    def withdraw_older_than(self, env_steps: int) -> int:
+        return 0
+
+    def publish(self, **facts) -> None:
+        pass
+
+    def meta(self) -> dict:
+        return dict(responses=self.responses)
+
+    def restore(self, meta: dict) -> None:
+        self.responses = int(meta["queries"])  # every pair asked was answered (or skipped) at once
+
+    def close(self) -> None:
+        pass

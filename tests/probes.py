@@ -68,13 +68,3 @@ def probe_training(agent, env, num_updates: int, reset_key):
 
     return train
 
-
-def minatar_tracker(obs, key=None):
-    """A deterministic Breakout-MinAtar demonstrator: move the paddle (channel 0, row 9) toward
-    the ball's column (channel 1); actions 0 stay, 1 left, 2 right."""
-    import numpy as np
-
-    obs = np.asarray(obs)
-    paddle = obs[:, 9, :, 0].argmax(-1)
-    ball = obs[:, :, :, 1].sum(1).argmax(-1)
-    return np.where(ball < paddle, 1, np.where(ball > paddle, 2, 0)).astype(np.int32)

@@ -1,4 +1,4 @@
-"""Clips of the gymnax tasks (``rlhp_jax.classic_clips``): frames drawn from observations.
+"""Clips of the gymnax tasks (``rlhp_jax.render.classic``): frames drawn from observations.
 
 The drawing conventions are checked against gymnax itself where it defines them (observation
 layouts, time steps, CartPole's direction of lean, Acrobot's goal) and against gym's renderers
@@ -12,8 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from rlhp_jax import classic_clips as cc
-from rlhp_jax import clips
+from rlhp_jax.render import classic as cc
+from rlhp_jax.render import video
+from rlhp_jax.render.__main__ import random_rollout
 from rlhp_jax.tasks import TASKS, names
 
 FPS = {name: TASKS[name].fps for name in names("gymnax")}
@@ -297,14 +298,14 @@ def test_bad_size_raises(size):
 
 def test_cartpole_clip_of_a_real_rollout_encodes_as_h264(tmp_path):
     """30 random steps through the project's environment wrapper (``envs.make_env`` +
-    ``rollout.collect_rollout``, via ``clips.random_rollout``) -> frames -> MP4."""
-    env, next_obs, _ = clips.random_rollout("CartPole-v1", 30, seed=0)
+    ``rollout.collect_rollout``, via ``render.__main__.random_rollout``) -> frames -> MP4."""
+    env, next_obs, _ = random_rollout("CartPole-v1", 30, seed=0)
     assert next_obs.shape == (30, *env.spec.obs_shape)
     frames = cc.classic_clip_frames("CartPole-v1", next_obs)
     assert frames.shape == (30, 256, 256, 3)
     assert len({f.tobytes() for f in frames}) > 20  # the system moves
-    path = clips.encode_mp4(frames, tmp_path / "cartpole.mp4", FPS["CartPole-v1"])
-    info = clips.probe_mp4(path)
+    path = video.encode_mp4(frames, tmp_path / "cartpole.mp4", FPS["CartPole-v1"])
+    info = video.probe_mp4(path)
     assert info["frames"] == 30
     assert info["codec"] == "h264" and info["pix_fmt"] == "yuv420p"
     assert (info["width"], info["height"]) == (256, 256)

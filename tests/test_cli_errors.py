@@ -3,7 +3,7 @@ and no file created or changed.
 
 * ``--agent-config`` values of the wrong kind or out of range, refused by the agent configs
   themselves before the run directory exists;
-* ``python -m rlhp_jax.demos info`` on files that are not demo files;
+* ``python -m rlhp_jax.demos_cli info`` on files that are not demo files;
 * property-based: corrupted demo files (``rlhp_jax.demos.read_demos``) give a ``DemoError`` or a
   usable demo set, and corrupted ``config.json`` files of runs (``--resume``) give ``error: ...``,
   never a traceback and never a changed file.
@@ -32,9 +32,9 @@ from hypothesis import given, settings
 from experiments import classic
 from experiments.cli import build_parser, config_from_args, ibarz_config_from_args
 from rlhp_jax import demos as D
+from rlhp_jax import demos_cli
 from rlhp_jax.agents.ppo import PPOConfig
-from rlhp_jax.config import RunConfig, config_to_json
-from rlhp_jax.ibarz import IbarzConfig
+from rlhp_jax.config import IbarzConfig, RunConfig, config_to_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def test_demos_info_refuses_a_file_that_is_not_a_demo_set(kind, tmp_path, capsys
     else:
         path = rewrite(good, tmp_path / "meta_list.npz", meta="[1, 2, 3]")
     before = snapshot(tmp_path)
-    assert D.main(["info", str(path)]) == 2
+    assert demos_cli.main(["info", str(path)]) == 2
     assert str(path) in error_line(capsys.readouterr().err)
     assert snapshot(tmp_path) == before
 
@@ -449,7 +449,7 @@ def test_entry_points_print_one_line_and_exit_2(tmp_path):
     np.save(tmp_path / "array.npy", np.zeros(3))
     before = snapshot(tmp_path)
     for cmd in ([sys.executable, "-m", "experiments.classic", "--resume", str(run), "--no-progress"],
-                [sys.executable, "-m", "rlhp_jax.demos", "info", str(tmp_path / "array.npy")]):
+                [sys.executable, "-m", "rlhp_jax.demos_cli", "info", str(tmp_path / "array.npy")]):
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr[-2000:]
         error_line(proc.stderr)

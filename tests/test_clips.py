@@ -1,4 +1,4 @@
-"""Clips a person can watch (``rlhp_jax.clips``): MP4 encoding, Atari frames, MuJoCo rendering,
+"""Clips a person can watch (``rlhp_jax.render``): MP4 encoding, Atari frames, MuJoCo rendering,
 the CLI.
 
 Kept fast: small clips, one envpool reference run (in a subprocess) shared by the MuJoCo
@@ -15,7 +15,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from rlhp_jax import clips, tasks
+from rlhp_jax import tasks
+from rlhp_jax.render import atari, video
+from rlhp_jax.render import mujoco as mujoco_render
+from rlhp_jax.render.__main__ import main as render_main
 
 # ------------------------------------------------------------------------------ encoding
 
@@ -35,8 +38,8 @@ def _decode(path):
 def test_rgb_clip_has_right_frames_duration_and_even_size(tmp_path, fps):
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (9, 33, 21, 3), dtype=np.uint8)  # odd sizes
-    path = clips.encode_mp4(frames, tmp_path / "rgb.mp4", fps)
-    info = clips.probe_mp4(path)
+    path = video.encode_mp4(frames, tmp_path / "rgb.mp4", fps)
+    info = video.probe_mp4(path)
     assert info["frames"] == 9
     assert abs(info["duration_s"] - 9 / fps) <= 1 / fps
     assert (info["width"], info["height"]) == (22, 34)  # padded to even
@@ -52,8 +55,8 @@ def test_grayscale_upscaled_clip_keeps_content_and_orientation(tmp_path):
     frames = np.zeros((6, 84, 84), np.uint8)
     frames[:, :, 42:] = 200
     frames[:, :10, :10] = 255  # bright top-left corner: catches flips
-    path = clips.encode_mp4(frames, tmp_path / "gray.mp4", 15, scale=4)
-    info = clips.probe_mp4(path)
+    path = video.encode_mp4(frames, tmp_path / "gray.mp4", 15, scale=4)
+    info = video.probe_mp4(path)
     assert (info["frames"], info["width"], info["height"]) == (6, 336, 336)
     decoded = _decode(path).astype(int)
     assert decoded.shape == (6, 336, 336, 3)
@@ -69,7 +72,7 @@ def test_rgb_colours_survive_encoding(tmp_path):
     frames[:, :, :16, 0] = 220  # red
     frames[:, :, 16:32, 1] = 220  # green
     frames[:, :, 32:, 2] = 220  # blue
-    decoded = _decode(clips.encode_mp4(frames, tmp_path / "c.mp4", 10, scale=2)).astype(int)
+    decoded = _decode(video.encode_mp4(frames, tmp_path / "c.mp4", 10, scale=2)).astype(int)
     for i, cols in enumerate([slice(4, 28), slice(36, 60), slice(68, 92)]):
         patch = decoded[:, 8:56, cols].reshape(-1, 3).mean(0)
         assert patch[i] > 180 and np.delete(patch, i).max() < 40, (i, patch)
@@ -78,14 +81,14 @@ def test_rgb_colours_survive_encoding(tmp_path):
 def test_encode_replaces_atomically_and_leaves_no_temporary_files(tmp_path):
     path = tmp_path / "clip.mp4"
     path.write_bytes(b"old")
-    clips.encode_mp4(np.zeros((3, 8, 8), np.uint8), path, 10)
-    assert clips.probe_mp4(path)["frames"] == 3
+    video.encode_mp4(np.zeros((3, 8, 8), np.uint8), path, 10)
+    assert video.probe_mp4(path)["frames"] == 3
     assert sorted(os.listdir(tmp_path)) == ["clip.mp4"]
     # a failing encode leaves the old file as it was and no temporary file
     with pytest.raises(ValueError):
-        clips.encode_mp4(np.zeros((0, 8, 8), np.uint8), path, 10)
+        video.encode_mp4(np.zeros((0, 8, 8), np.uint8), path, 10)
     assert sorted(os.listdir(tmp_path)) == ["clip.mp4"]
-    assert clips.probe_mp4(path)["frames"] == 3
+    assert video.probe_mp4(path)["frames"] == 3
 
 
 @pytest.mark.parametrize("frames, fps, scale, match", [
@@ -101,15 +104,15 @@ def test_encode_replaces_atomically_and_leaves_no_temporary_files(tmp_path):
 ])
 def test_encode_rejects_bad_input(tmp_path, frames, fps, scale, match):
     with pytest.raises(ValueError, match=match):
-        clips.encode_mp4(frames, tmp_path / "x.mp4", fps, scale=scale)
+        video.encode_mp4(frames, tmp_path / "x.mp4", fps, scale=scale)
     assert os.listdir(tmp_path) == []
 
 
 def test_encode_into_missing_directory_and_probe_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
-        clips.encode_mp4(np.zeros((2, 8, 8), np.uint8), tmp_path / "no" / "x.mp4", 10)
+        video.encode_mp4(np.zeros((2, 8, 8), np.uint8), tmp_path / "no" / "x.mp4", 10)
     with pytest.raises(FileNotFoundError):
-        clips.probe_mp4(tmp_path / "missing.mp4")
+        video.probe_mp4(tmp_path / "missing.mp4")
 
 
 # --------------------------------------------------------------------------------- Atari
@@ -120,29 +123,29 @@ def test_atari_clip_frames_take_the_newest_frame_and_upscale():
     for c in range(4):
         obs[..., c] = 10 * (c + 1)  # channel c has value 10(c+1); the newest is the last
     obs[:, 0, 0, 3] = 255
-    out = clips.atari_clip_frames(obs)
+    out = atari.atari_clip_frames(obs)
     assert out.shape == (5, 336, 336) and out.dtype == np.uint8
     assert (out[:, 4:, 4:] == 40).all()
     assert (out[:, :4, :4] == 255).all() and out[0, 4, 0] == 40  # one pixel -> a 4×4 block
-    assert clips.atari_clip_frames(obs, scale=2).shape == (5, 168, 168)
+    assert atari.atari_clip_frames(obs, scale=2).shape == (5, 168, 168)
 
 
 def test_atari_native_frames_and_memory_cost():
     rgb = np.random.default_rng(1).integers(0, 256, (3, 210, 160, 3), dtype=np.uint8)
-    out = clips.atari_native_clip_frames(rgb)
+    out = atari.atari_native_clip_frames(rgb)
     assert out.shape == (3, 420, 320, 3)
     np.testing.assert_array_equal(out[:, ::2, ::2], rgb)
-    assert clips.atari_native_clip_frames(rgb, (2, 4)).shape == (3, 420, 640, 3)
-    assert clips.ATARI_NATIVE_BYTES_PER_STEP == rgb[0].nbytes == 100_800
-    assert clips.ATARI_OBS_BYTES_PER_STEP == 7_056
+    assert atari.atari_native_clip_frames(rgb, (2, 4)).shape == (3, 420, 640, 3)
+    assert atari.ATARI_NATIVE_BYTES_PER_STEP == rgb[0].nbytes == 100_800
+    assert atari.ATARI_OBS_BYTES_PER_STEP == 7_056
 
 
 @pytest.mark.parametrize("fn, arr, match", [
-    (clips.atari_clip_frames, np.zeros((2, 84, 84, 4), np.float32), "uint8"),
-    (clips.atari_clip_frames, np.zeros((84, 84, 4), np.uint8), "channel-last"),
-    (clips.atari_clip_frames, np.zeros((0, 84, 84, 4), np.uint8), "empty"),
-    (clips.atari_native_clip_frames, np.zeros((2, 210, 160), np.uint8), "RGB"),
-    (clips.atari_native_clip_frames, np.zeros((0, 210, 160, 3), np.uint8), "empty"),
+    (atari.atari_clip_frames, np.zeros((2, 84, 84, 4), np.float32), "uint8"),
+    (atari.atari_clip_frames, np.zeros((84, 84, 4), np.uint8), "channel-last"),
+    (atari.atari_clip_frames, np.zeros((0, 84, 84, 4), np.uint8), "empty"),
+    (atari.atari_native_clip_frames, np.zeros((2, 210, 160), np.uint8), "RGB"),
+    (atari.atari_native_clip_frames, np.zeros((0, 210, 160, 3), np.uint8), "empty"),
 ])
 def test_atari_frames_reject_bad_input(fn, arr, match):
     with pytest.raises(ValueError, match=match):
@@ -157,13 +160,13 @@ def test_reconstruct_state_layouts():
     # Hopper: qpos = [x, obs[:5]], qvel = obs[5:11]
     obs = rng.normal(size=(4, 11))
     x = rng.normal(size=4)
-    qpos, qvel = clips.reconstruct_state("Hopper", obs, {"x_position": x})
+    qpos, qvel = mujoco_render.reconstruct_state("Hopper", obs, {"x_position": x})
     np.testing.assert_array_equal(qpos, np.column_stack([x, obs[:, :5]]))
     np.testing.assert_array_equal(qvel, obs[:, 5:])
     # Ant: qpos = [x, y, obs[:13]], qvel = obs[13:27] (extra contact forces ignored)
     obs = rng.normal(size=(3, 111))
     x, y = rng.normal(size=3), rng.normal(size=3)
-    qpos, qvel = clips.reconstruct_state("Ant-v4", obs, {"x_position": x, "y_position": y})
+    qpos, qvel = mujoco_render.reconstruct_state("Ant-v4", obs, {"x_position": x, "y_position": y})
     np.testing.assert_array_equal(qpos, np.column_stack([x, y, obs[:, :13]]))
     np.testing.assert_array_equal(qvel, obs[:, 13:27])
     # Reacher: angles from cos/sin (in (-π, π]), target position, zero target velocity
@@ -171,45 +174,45 @@ def test_reconstruct_state_layouts():
     target = rng.uniform(-0.2, 0.2, size=(5, 2))
     dq = rng.normal(size=(5, 2))
     obs = np.column_stack([np.cos(q), np.sin(q), target, dq, rng.normal(size=(5, 3))])
-    qpos, qvel = clips.reconstruct_state("Reacher", obs)
+    qpos, qvel = mujoco_render.reconstruct_state("Reacher", obs)
     np.testing.assert_allclose(qpos, np.column_stack([q, target]), atol=1e-12)
     np.testing.assert_array_equal(qvel, np.column_stack([dq, np.zeros((5, 2))]))
     # InvertedDoublePendulum: obs = [x, sin q1, sin q2, cos q1, cos q2, qvel(3), constraint(3)]
     q = rng.uniform(-3, 3, size=(5, 2))
     obs = np.column_stack([rng.normal(size=5), np.sin(q), np.cos(q), rng.normal(size=(5, 6))])
-    qpos, qvel = clips.reconstruct_state("InvertedDoublePendulum", obs)
+    qpos, qvel = mujoco_render.reconstruct_state("InvertedDoublePendulum", obs)
     np.testing.assert_allclose(qpos, np.column_stack([obs[:, 0], q]), atol=1e-12)
     np.testing.assert_array_equal(qvel, obs[:, 5:8])
     # an observation that includes the root position needs no info
     obs = rng.normal(size=(2, 12))
-    qpos, _ = clips.reconstruct_state("Hopper", obs)
+    qpos, _ = mujoco_render.reconstruct_state("Hopper", obs)
     np.testing.assert_array_equal(qpos, obs[:, :6])
 
 
 def test_reconstruct_state_errors():
     with pytest.raises(ValueError, match="x_position"):
-        clips.reconstruct_state("Hopper", np.zeros((3, 11)))
+        mujoco_render.reconstruct_state("Hopper", np.zeros((3, 11)))
     with pytest.raises(ValueError, match="y_position"):
-        clips.reconstruct_state("Swimmer", np.zeros((3, 8)), {"x_position": np.zeros(3)})
+        mujoco_render.reconstruct_state("Swimmer", np.zeros((3, 8)), {"x_position": np.zeros(3)})
     with pytest.raises(ValueError, match="steps"):
-        clips.reconstruct_state("Hopper", np.zeros((3, 11)), {"x_position": np.zeros(2)})
+        mujoco_render.reconstruct_state("Hopper", np.zeros((3, 11)), {"x_position": np.zeros(2)})
     with pytest.raises(ValueError, match="obs_dim"):
-        clips.reconstruct_state("Reacher", np.zeros((3, 7)))
+        mujoco_render.reconstruct_state("Reacher", np.zeros((3, 7)))
     with pytest.raises(ValueError, match="obs_dim"):
-        clips.reconstruct_state("Ant", np.zeros((3, 30)), {"x_position": np.zeros(3),
+        mujoco_render.reconstruct_state("Ant", np.zeros((3, 30)), {"x_position": np.zeros(3),
                                                            "y_position": np.zeros(3)})
     with pytest.raises(ValueError, match="unknown MuJoCo task"):
-        clips.reconstruct_state("Humanoid", np.zeros((3, 7)))
+        mujoco_render.reconstruct_state("Humanoid", np.zeros((3, 7)))
 
 
 def test_backfill_reset_positions():
     pos = np.array([0.0, 1.0, 1.5, 0.0, 3.0])
     vel = np.array([0.0, 10.0, 5.0, 0.0, 20.0])
     first = np.array([True, False, False, True, False])
-    out = clips.backfill_reset_positions(pos, vel, first, dt=0.05)
+    out = mujoco_render.backfill_reset_positions(pos, vel, first, dt=0.05)
     np.testing.assert_allclose(out, [0.5, 1.0, 1.5, 2.0, 3.0])
     # a reset on the last step cannot be backfilled and is left as it is
-    out = clips.backfill_reset_positions(pos[:4], vel[:4], first[:4], dt=0.05)
+    out = mujoco_render.backfill_reset_positions(pos[:4], vel[:4], first[:4], dt=0.05)
     assert out[3] == 0.0
 
 
@@ -269,9 +272,9 @@ def _states(task, ref, dt):
     info = {k: ref[k] for k in tasks.TASKS[task].mujoco.root_info}
     first = ref["elapsed_step"] == 0
     for key in info:  # envpool reports 0 at a reset
-        info[key] = clips.backfill_reset_positions(
+        info[key] = mujoco_render.backfill_reset_positions(
             info[key], ref[key.replace("position", "velocity")], first, dt)
-    return clips.reconstruct_state(task, ref["obs"], info)
+    return mujoco_render.reconstruct_state(task, ref["obs"], info)
 
 
 def _one_substep_earlier(renderer, qpos, qvel, actions):
@@ -324,7 +327,7 @@ def test_mujoco_render_matches_envpool(envpool_reference, task):
     ref = envpool_reference[task]
     spec = tasks.TASKS[task].mujoco
     track = spec.camera == "track"
-    renderer = clips.MujocoRenderer(task, REF_SIZE, REF_SIZE, camera=None if track else -1)
+    renderer = mujoco_render.MujocoRenderer(task, REF_SIZE, REF_SIZE, camera=None if track else -1)
     try:
         qpos, qvel = _states(task, ref, renderer.dt)
         if not track:  # envpool's free camera, fixed at the first (reset) frame
@@ -359,9 +362,9 @@ def test_mujoco_render_matches_envpool(envpool_reference, task):
 
 def test_renderer_rejects_bad_input():
     with pytest.raises(ValueError, match="unknown MuJoCo task"):
-        clips.MujocoRenderer("Humanoid")
-    renderer = clips.get_mujoco_renderer("InvertedPendulum", 32, 32)
-    assert clips.get_mujoco_renderer("InvertedPendulum-v4", 32, 32) is renderer
+        mujoco_render.MujocoRenderer("Humanoid")
+    renderer = mujoco_render.get_mujoco_renderer("InvertedPendulum", 32, 32)
+    assert mujoco_render.get_mujoco_renderer("InvertedPendulum-v4", 32, 32) is renderer
     with pytest.raises(ValueError, match="qpos"):
         renderer.render_qpos(np.zeros((3, 5)))
     with pytest.raises(ValueError, match="non-finite"):
@@ -376,7 +379,7 @@ def test_renderer_can_be_used_from_another_thread():
     a cached renderer."""
     import threading
 
-    renderer = clips.get_mujoco_renderer("InvertedPendulum", 32, 32)
+    renderer = mujoco_render.get_mujoco_renderer("InvertedPendulum", 32, 32)
     obs = np.array([[0.3, 0.5, 0.0, 0.0], [-0.2, -0.4, 0.0, 0.0]])
     here = renderer.render(obs)
     there = {}
@@ -392,8 +395,8 @@ def test_renderer_can_be_used_from_another_thread():
 
 def test_cli_writes_playable_hopper_clip(tmp_path, capsys):
     out = tmp_path / "sub" / "hopper.mp4"
-    assert clips.main(["--env", "Hopper", "--steps", "6", "--size", "64", "--out", str(out)]) == 0
-    info = clips.probe_mp4(out)
+    assert render_main(["--env", "Hopper", "--steps", "6", "--size", "64", "--out", str(out)]) == 0
+    info = video.probe_mp4(out)
     assert (info["frames"], info["width"], info["height"], info["codec"]) == (6, 64, 64, "h264")
     assert abs(info["duration_s"] - 6 / 125) <= 1 / 125  # real time: 1 / (0.002 · 4) = 125 fps
     printed = capsys.readouterr().out
@@ -402,10 +405,10 @@ def test_cli_writes_playable_hopper_clip(tmp_path, capsys):
 
 def test_cli_module_writes_playable_pong_clip(tmp_path):
     out = tmp_path / "pong.mp4"
-    proc = subprocess.run([sys.executable, "-m", "rlhp_jax.clips", "--env", "Pong", "--steps",
+    proc = subprocess.run([sys.executable, "-m", "rlhp_jax.render", "--env", "Pong", "--steps",
                            "10", "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    info = clips.probe_mp4(out)
+    info = video.probe_mp4(out)
     assert (info["frames"], info["width"], info["height"]) == (10, 336, 336)
     assert info["fps"] == pytest.approx(15.0) and info["faststart"]
     frames = _decode(out)
@@ -419,10 +422,10 @@ def test_cli_module_writes_playable_pong_clip(tmp_path):
 ], ids=["CartPole-v1", "cartpole-every3", "Breakout-MinAtar"])
 def test_cli_writes_playable_gymnax_clip(tmp_path, capsys, env, steps, size, every, fps):
     out = tmp_path / "sub" / "gymnax.mp4"
-    assert clips.main(["--env", env, "--steps", str(steps), "--size", str(size), "--every",
+    assert render_main(["--env", env, "--steps", str(steps), "--size", str(size), "--every",
                        str(every), "--out", str(out)]) == 0
     n = -(-steps // every)
-    info = clips.probe_mp4(out)
+    info = video.probe_mp4(out)
     assert (info["frames"], info["width"], info["height"], info["codec"]) == (n, size, size, "h264")
     assert info["pix_fmt"] == "yuv420p" and info["faststart"]
     assert info["fps"] == pytest.approx(fps, rel=1e-3)
@@ -436,7 +439,7 @@ def test_cli_writes_playable_gymnax_clip(tmp_path, capsys, env, steps, size, eve
 
 def test_cli_module_unknown_env_names_the_tasks_and_writes_nothing(tmp_path):
     out = tmp_path / "sub" / "x.mp4"
-    proc = subprocess.run([sys.executable, "-m", "rlhp_jax.clips", "--env", "CartPole-v9",
+    proc = subprocess.run([sys.executable, "-m", "rlhp_jax.render", "--env", "CartPole-v9",
                            "--out", str(out)], capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode != 0
@@ -463,7 +466,7 @@ def test_cli_module_unknown_env_names_the_tasks_and_writes_nothing(tmp_path):
 ])
 def test_cli_bad_input_exits_2(tmp_path, capsys, argv, match):
     argv = [a if a not in ("x.mp4", "x.avi") else str(tmp_path / a) for a in argv]
-    assert clips.main(argv) == 2
+    assert render_main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and match in err
     assert os.listdir(tmp_path) == []

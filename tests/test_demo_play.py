@@ -26,7 +26,7 @@ from rlhp_jax import demos as demos_lib
 from rlhp_jax.envpool_envs import EnvpoolVecEnv
 from rlhp_jax.envs import make_env
 from rlhp_jax.core import EnvSpec, StepOut
-from rlhp_jax.human import play
+from rlhp_jax.human import play, play_server
 from rlhp_jax.human.__main__ import main
 from rlhp_jax.human.server import MAX_BODY, ServerThread
 from rlhp_jax.tasks import TASKS, names
@@ -134,7 +134,7 @@ def serve():
     started = []
 
     def start(session: play.PlaySession, token: str | None = TOKEN) -> httpx.Client:
-        server = ServerThread(play.create_play_app(session, token=token), "127.0.0.1", 0, token).start()
+        server = ServerThread(play_server.create_play_app(session, token=token), "127.0.0.1", 0, token).start()
         session.start()
         started.append((session, server))
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -418,7 +418,7 @@ _CANVAS = """() => { const c = document.getElementById('screen');
 def test_playing_in_the_browser_records_the_keys_and_saves(page, serve, tmp_path):
     session = play.PlaySession("Pong", tmp_path / "browser.npz", seed=SEED)
     c = serve(session)
-    assert page.goto(play.play_url(c.server)).status == 200
+    assert page.goto(play_server.play_url(c.server)).status == 200
     wait_state(page, "paused")
     assert "Ready" in page.inner_text("#overlay")
     page.wait_for_timeout(300)
@@ -456,7 +456,7 @@ def test_playing_in_the_browser_records_the_keys_and_saves(page, serve, tmp_path
 def test_the_keyboard_alone_plays_pauses_ends_and_saves(page, serve, tmp_path):
     session = play.PlaySession("Pong", tmp_path / "keys.npz", seed=SEED)
     c = serve(session, token=None)
-    page.goto(play.play_url(c.server))
+    page.goto(play_server.play_url(c.server))
     wait_state(page, "paused")
     page.keyboard.down("ArrowLeft")  # a game key starts the game
     wait_state(page, "running")
@@ -496,7 +496,7 @@ def test_the_play_routes_join_the_labeling_app_behind_its_token(tmp_path):
 
     store = LabelStore(tmp_path)
     session = play.PlaySession("Pong", tmp_path / "joined.npz", env=FakeAtari(), fps=30)
-    app = play.add_play_routes(create_app(store, token=TOKEN), session)
+    app = play_server.add_play_routes(create_app(store, token=TOKEN), session)
     with TestClient(app) as c:
         assert c.get("/play").status_code == 401 and c.get("/api/play/status").status_code == 401
         c.headers["Authorization"] = f"Bearer {TOKEN}"

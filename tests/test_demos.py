@@ -9,9 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from probes import minatar_tracker as tracker
-
+from experiments import minatar_demonstrator
+from experiments.minatar_demonstrator import minatar_tracker as tracker
 from rlhp_jax import demos as D
+from rlhp_jax import demos_cli
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.envs import make_env
 
@@ -66,6 +67,16 @@ def test_minatar_round_trip(minatar, minatar_demos):
     np.testing.assert_array_equal(d.actions, tracker(np.stack(seen[:1200]), None))
     assert d.rewards is not None and d.episode_returns()[0] > 0  # the tracker scores
     assert d.episode_end.sum() == 2 and d.episode_end[999] and d.episode_end[-1]
+
+
+def test_the_demonstrator_script_records_the_tracker(minatar, tmp_path, capsys):
+    """``python -m experiments.minatar_demonstrator`` (docs/results.md's recipe): the tracker's demos."""
+    out = tmp_path / "tracker.npz"
+    assert minatar_demonstrator.main(["--episodes", "1", "--max-steps", "50", "--seed", "0", "--out", str(out)]) == 0
+    d = D.load_demos(out, minatar)
+    assert d.num_steps == 50 and d.meta["source"] == "tracker"
+    np.testing.assert_array_equal(d.actions, tracker(d.obs(np.arange(d.num_steps))))
+    assert f"demonstrations written to {out}" in capsys.readouterr().out
 
 
 def test_atari_frames_stored_once_and_observations_rebuilt(pong, pong_demos):
@@ -183,10 +194,10 @@ def test_recording_from_a_christiano_run_checkpoint(minatar, tmp_path, capsys):
     assert classic.main(["--env", "Breakout-MinAtar", "--steps", "2048", "--labels", "10", "--out", str(run),
                          "--no-progress"]) == 0
     out = tmp_path / "ppo_demos.npz"
-    assert D.main(["record", "--run", str(run), "--episodes", "2", "--max-steps", "120", "--out", str(out)]) == 0
+    assert demos_cli.main(["record", "--run", str(run), "--episodes", "2", "--max-steps", "120", "--out", str(out)]) == 0
     d = D.load_demos(out, minatar)
     # two games of the barely trained policy (each ends when the ball is lost)
     assert d.num_episodes == 2 and d.num_steps == int(d.episode_lengths.sum()) and d.num_steps <= 120
     assert d.meta["source"] == f"policy:{run}"
-    assert D.main(["record", "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.npz")]) == 2
+    assert demos_cli.main(["record", "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.npz")]) == 2
     assert "no config.json" in capsys.readouterr().err

@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from probes import minatar_tracker as tracker
 from conftest import fast_jit
 from hypothesis import given
 
+from experiments.minatar_demonstrator import minatar_tracker as tracker
 from rlhp_jax.agents.dqfd import (
     DQfD,
     DQfDConfig,

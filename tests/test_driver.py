@@ -95,9 +95,9 @@ def test_raw_baseline_trains_on_the_true_reward_as_it_is():
         (["--env", "NoSuchEnv-v0"], "Unknown environment 'NoSuchEnv-v0'"),
         (["--labels", "0"], "--labels must be at least 1"),
         (["--steps", "-5"], "--steps must be positive"),
-        (["--members", "0"], "num_members must be >= 1"),
-        (["--mistake-rate", "1.5"], "mistake_rate must be in [0, 1]"),
-        (["--ppo", "learning_rate=1"], "--agent-config expects FIELD=VALUE with FIELD one of: num_envs"),
+        (["--ensemble.num-members", "0"], "num_members must be >= 1"),
+        (["--teacher.mistake-rate", "1.5"], "mistake_rate must be in [0, 1]"),
+        (["--agent-config", "learning_rate=1"], "--agent-config expects FIELD=VALUE with FIELD one of: num_envs"),
     ],
 )
 def test_bad_input_gives_clear_error(argv, message, capsys, tmp_path):

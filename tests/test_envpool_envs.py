@@ -138,7 +138,7 @@ def test_clips_last_one_and_a_half_seconds_of_each_tasks_own_time():
     episode is shorter (Reacher: 50 steps = 1 s)."""
     import mujoco
 
-    from rlhp_jax.clips import mujoco_asset
+    from rlhp_jax.render.mujoco import mujoco_asset
 
     for name in tasks.names("mujoco"):
         task, model = tasks.TASKS[name], tasks.TASKS[name].mujoco

@@ -55,7 +55,7 @@ def test_mujoco_entry_point_trpo_end_to_end(tmp_path):
 def test_atari_entry_point_a2c_end_to_end(tmp_path):
     out = tmp_path / "pong"
     rc = atari.main(["--env", "Pong", "--labels", "6", "--steps", "320", "--iteration-steps", "160",
-                     "--pretrain-epochs", "2", "--members", "1", "--agent-config", "num_envs=2",
+                     "--pretrain-epochs", "2", "--ensemble.num-members", "1", "--agent-config", "num_envs=2",
                      "--out", str(out), "--no-progress"])
     assert rc == 0
     rows, summary = _outputs_ok(out, 2)
@@ -287,13 +287,14 @@ def test_default_output_directory_never_reuses_a_run(tmp_path):
 
 
 def test_demonstrations_recorded_from_a_finished_run_use_its_newest_checkpoint(tmp_path, cartpole_run):
-    """``python -m rlhp_jax.demos record --run DIR`` on a Christiano run: the greedy policy of its
-    newest checkpoint (``PreferenceRun.restore_latest``) plays; a run without a checkpoint is refused."""
-    from rlhp_jax import demos
+    """``python -m rlhp_jax.demos_cli record --run DIR`` on a Christiano run: the greedy policy of its
+    newest checkpoint (``trained.load_policy``, through ``PreferenceRun.restore_latest``) plays; a
+    run without a checkpoint is refused."""
+    from rlhp_jax import demos, demos_cli, trained
     from rlhp_jax.envs import make_env
 
     out = tmp_path / "cartpole.npz"
-    assert demos.main(["record", "--run", str(cartpole_run), "--episodes", "2", "--max-steps", "60",
+    assert demos_cli.main(["record", "--run", str(cartpole_run), "--episodes", "2", "--max-steps", "60",
                        "--out", str(out)]) == 0
     d = demos.load_demos(out, make_env("CartPole-v1", 1))
     assert d.num_steps == 60 and d.meta["source"].startswith("policy:")
@@ -301,7 +302,7 @@ def test_demonstrations_recorded_from_a_finished_run_use_its_newest_checkpoint(t
     empty.mkdir()
     (empty / "config.json").write_text((cartpole_run / "config.json").read_text())
     with pytest.raises(demos.DemoError, match="no checkpoint to record a policy from"):
-        demos.policy_from_run(empty, make_env("CartPole-v1", 1), 0.0)
+        trained.load_policy(empty, make_env("CartPole-v1", 1), 0.0)
 
 
 def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpole_run, capsys):

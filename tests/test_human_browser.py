@@ -27,7 +27,7 @@ if CHROMIUM is None:
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from rlhp_jax.clips import probe_mp4  # noqa: E402
+from rlhp_jax.render.video import probe_mp4  # noqa: E402
 from rlhp_jax.human.__main__ import make_queue  # noqa: E402
 from rlhp_jax.human.server import ServerThread, create_app  # noqa: E402
 from rlhp_jax.human.store import LabelStore, StoreError, check_labeler  # noqa: E402

@@ -36,7 +36,7 @@ from rlhp_jax.human.__main__ import main
 from rlhp_jax.human.store import LabelStore
 from rlhp_jax.human.teacher import HumanTeacher, save_npz
 
-MP4 = b"\x00\x00\x00\x18ftypmp42"  # how an H.264 MP4 (clips.encode_mp4) starts: an ISO-BMFF ftyp box
+MP4 = b"\x00\x00\x00\x18ftypmp42"  # how an H.264 MP4 (render.video.encode_mp4) starts: an ISO-BMFF ftyp box
 T, OBS = 5, 4  # the segments of these tests: [2, 5] steps of 4-dim observations
 SHAPES = dict(obs=(2, T, OBS), action=(2, T), true_reward=(2, T))
 
@@ -215,7 +215,7 @@ def test_the_trainer_skips_answers_it_cannot_train_on_with_one_warning_per_pair(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            labels, pairs, mu, cursor = teacher.collect(0)
+            labels, pairs, mu, cursor = teacher.answers_since(0)
         assert [lab.query_id for lab in labels] == ["good0", "good1"]
         assert {k: v.shape for k, v in pairs.items()} == {k: (2, *s) for k, s in SHAPES.items()}
         assert mu.tolist() == [1.0, 1.0]
@@ -223,7 +223,7 @@ def test_the_trainer_skips_answers_it_cannot_train_on_with_one_warning_per_pair(
         skipped = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
         assert len(skipped) == len(kinds) - 2
         assert all(any(k in m for m in skipped) for k in kinds if not k.startswith("good"))
-        assert teacher.collect(cursor)[0] == []
+        assert teacher.answers_since(cursor)[0] == []
     finally:
         teacher.close()
 
@@ -530,7 +530,7 @@ def test_a_corrupted_file_imports_fully_or_changes_nothing(changes):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                teacher.collect(0)  # whatever was imported, the trainer can read it
+                teacher.answers_since(0)  # whatever was imported, the trainer can read it
         finally:
             teacher.close()
             store.close()

@@ -136,7 +136,7 @@ def test_killed_trainer_resumes_with_every_answer(tmp_path):
         return done
 
     proc, _ = start("--teacher", "human", "--labels", "24", "--steps", "16384", "--out", str(out),
-                    "--checkpoint-every", "1", "--max-pending", "4")
+                    "--checkpoint-every", "1", "--max-pending-queries", "4")
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not any((out / "checkpoints").glob("*")):

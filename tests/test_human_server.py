@@ -285,7 +285,7 @@ def test_without_a_token_other_host_names_are_refused(tmp_path, host):
 
 
 def test_the_play_page_has_the_same_guard_and_error_shape():
-    from rlhp_jax.human.play import create_play_app
+    from rlhp_jax.human.play_server import create_play_app
 
     session = types.SimpleNamespace(env_name="Pong", fps=15.0, actions=("NOOP", "FIRE"), episodes_wanted=None,
                                     out=None)

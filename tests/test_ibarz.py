@@ -16,18 +16,18 @@ import jax
 import numpy as np
 import pytest
 
-from probes import minatar_tracker as tracker
-
 from experiments import classic
 from experiments import ibarz_diagnostics as diag
+from experiments.minatar_demonstrator import minatar_tracker as tracker
 from rlhp_jax import demos as D
+from rlhp_jax import demos_cli
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--env", "Breakout-MinAtar", "--agent", "dqfd", "--steps", "3000", "--iteration-steps", "1000",
         "--labels", "40", "--bc-batches", "100", "--rm-pretrain-batches", "100", "--second-pretrain-batches", "50",
-        "--rm-batches", "50", "--replay-capacity", "5000", "--no-progress"]
+        "--rm-batches-per-iteration", "50", "--replay.capacity", "5000", "--no-progress"]
 
 
 
@@ -125,9 +125,10 @@ def test_resume_before_the_first_checkpoint_starts_the_run_again(full_run, tmp_p
 
 
 def test_steps_rounded_up_to_whole_iterations_are_reported(full_run, tmp_path):
-    from rlhp_jax.ibarz import IbarzRun, config_from_json
+    from rlhp_jax.config import ibarz_config_from_json
+    from rlhp_jax.ibarz import IbarzRun
 
-    saved = config_from_json(json.loads((full_run / "config.json").read_text()))
+    saved = ibarz_config_from_json(json.loads((full_run / "config.json").read_text()))
     run = IbarzRun(dataclasses.replace(saved, total_steps=2500, out=str(tmp_path)), progress=False)
     assert run.steps_note == (
         "2500 steps asked for (--steps) are not a multiple of the 1000 steps of an iteration: rounded up to 3000")
@@ -165,7 +166,7 @@ def test_label_noise_runs_one_protocol_per_rate(demo_file, tmp_path):
 
 def test_recording_demos_from_the_trained_run(full_run, tmp_path):
     out = tmp_path / "from_run.npz"
-    assert D.main(["record", "--run", str(full_run), "--episodes", "50", "--max-steps", "150", "--out", str(out)]) == 0
+    assert demos_cli.main(["record", "--run", str(full_run), "--episodes", "50", "--max-steps", "150", "--out", str(out)]) == 0
     d = D.load_demos(out, make_env("Breakout-MinAtar", 1))
     # the barely trained agent loses balls quickly: several game overs, each ending an episode
     assert d.num_steps == 150 and 1 <= d.num_episodes < 50 and d.meta["source"].startswith("policy:")
@@ -217,7 +218,7 @@ def test_atari_path_with_frames_stored_once(tmp_path):
     out = tmp_path / "run"
     code = atari.main(["--agent", "dqfd", "--demos", str(demo), "--setup", "demos+prefs+autolabels", "--steps", "100",
                        "--iteration-steps", "100", "--labels", "4", "--bc-batches", "3", "--rm-pretrain-batches", "3",
-                       "--second-pretrain-batches", "3", "--rm-batches", "3", "--replay-capacity", "1000",
+                       "--second-pretrain-batches", "3", "--rm-batches-per-iteration", "3", "--replay.capacity", "1000",
                        "--out", str(out), "--no-progress"])
     assert code == 0
     rows = read_jsonl(out / "metrics.jsonl")

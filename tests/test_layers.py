@@ -24,29 +24,25 @@ LAYERS = {
     "rlhp_jax.replay": 4, "rlhp_jax.human.store": 4,
     "rlhp_jax.teachers": 5, "rlhp_jax.human": 5, "rlhp_jax.human.teacher": 5, "rlhp_jax.human.server": 5,
     "rlhp_jax.human.exchange": 5, "rlhp_jax.human.instructions": 5, "rlhp_jax.human.play": 5,
-    "rlhp_jax.clips": 5, "rlhp_jax.classic_clips": 5,
-    "rlhp_jax.config": 6, "rlhp_jax.runs": 6, "rlhp_jax.loop": 6, "rlhp_jax.driver": 6, "rlhp_jax.compiled": 6,
+    "rlhp_jax.human.play_server": 5,
+    "rlhp_jax.render": 5, "rlhp_jax.render.video": 5, "rlhp_jax.render.atari": 5, "rlhp_jax.render.mujoco": 5,
+    "rlhp_jax.render.classic": 5,
+    "rlhp_jax.config": 6, "rlhp_jax.presets": 6, "rlhp_jax.runs": 6, "rlhp_jax.loop": 6, "rlhp_jax.driver": 6, "rlhp_jax.compiled": 6,
     "rlhp_jax.distributed": 6, "rlhp_jax.ibarz": 6, "rlhp_jax.checkpoint": 6, "rlhp_jax.metrics": 6,
-    "rlhp_jax.human.__main__": 7, "rlhp_jax.human.browser": 7,
+    "rlhp_jax.trained": 6, "rlhp_jax.demos_cli": 7,
+    "rlhp_jax.human.__main__": 7, "rlhp_jax.human.browser": 7, "rlhp_jax.render.__main__": 7,
 }
 
 KNOWN_UPWARD = {  # (importer, imported): an inner layer reaching out
     # agents.common.evaluate / random_reward_stats roll environments themselves
     ("rlhp_jax.agents.common", "rlhp_jax.rollout"),
     ("rlhp_jax.ensemble", "rlhp_jax.labels"),  # the label buffer's type and weights
-    # demos.policy_from_run loads a trained policy from a run directory
-    ("rlhp_jax.demos", "rlhp_jax.config"), ("rlhp_jax.demos", "rlhp_jax.driver"),
-    ("rlhp_jax.demos", "rlhp_jax.ibarz"), ("rlhp_jax.demos", "rlhp_jax.runs"),
 }
 
-KNOWN_CYCLES = {
-    frozenset({"rlhp_jax.demos", "rlhp_jax.driver", "rlhp_jax.human.teacher", "rlhp_jax.ibarz", "rlhp_jax.replay",
-               "rlhp_jax.runs"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()  # none left (the last one, through demos, runs and ibarz, is gone)
 
 KNOWN_PRIVATE = {  # (module, private name it uses that another module defines)
     ("experiments.bench_envs", "_env"), ("experiments.bench_envs", "_xla"),
-    ("experiments.cli", "_actions"),  # argparse's
     ("experiments.ibarz_diagnostics", "_act_step"), ("experiments.ibarz_diagnostics", "_rewards"),
 }
 

@@ -58,7 +58,8 @@ def test_the_registry_imports_no_environment_library():
 
 
 def test_each_backend_has_what_its_modules_read():
-    from rlhp_jax import atari_masks, classic_clips
+    from rlhp_jax import atari_masks
+    from rlhp_jax.render import classic
 
     assert set(atari_masks.masked_games()) == set(names("atari"))  # a game without a mask cannot run
     for name in names("atari"):
@@ -68,7 +69,7 @@ def test_each_backend_has_what_its_modules_read():
         assert task.envpool_id == f"{name}-v5" and task.reward_std == 0.05 and task.on_terminate == "reset"
     for name in names("gymnax"):  # every gymnax task can be drawn (a MinAtar palette or a drawing)
         task = TASKS[name]
-        frames = classic_clips.classic_clip_frames(name, np.zeros((1, *task.obs_shape), np.float32), size=32)
+        frames = classic.classic_clip_frames(name, np.zeros((1, *task.obs_shape), np.float32), size=32)
         assert frames.shape == (1, 32, 32, 3), name
         assert task.mujoco is None and not task.envpool_id
     for name in names("mujoco"):
@@ -83,12 +84,12 @@ def test_each_backend_has_what_its_modules_read():
 @pytest.mark.parametrize("name", [n for n in names("gymnax") if TASKS[n].minatar_channels])
 def test_play_page_shows_minatar_in_the_labeling_clips_colours(name):
     """One palette: the play page's cells are the labeling clips' cells (board colour included)."""
-    from rlhp_jax import classic_clips
-    from rlhp_jax.human import play
+    from rlhp_jax import render
+    from rlhp_jax.render import classic
 
     rng = np.random.default_rng(0)
     obs = rng.random(TASKS[name].obs_shape) < 0.3
-    image = play.frame_image(obs, 1, name)
+    image = render.play_frame(obs, 1, name)
     assert image.shape == (10, 10, 3) and image.dtype == np.uint8
-    big = classic_clips.classic_clip_frames(name, obs[None], size=100)[0]
+    big = classic.classic_clip_frames(name, obs[None], size=100)[0]
     np.testing.assert_array_equal(image, big[5::10, 5::10])  # the centre of each 10-pixel cell

@@ -103,7 +103,7 @@ def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
                   render=take(ro.render))
     store = LabelStore(out, path=out / "queue.sqlite")
     teacher = HumanTeacher(out, env, render_fields=getattr(env_, "render_fields", ()), wanted=0, store=store)
-    teacher.ask(arrays, [dict(env_steps=0, policy="random", seed=seed)] * pairs)
+    teacher.queue(arrays, [dict(env_steps=0, policy="random", seed=seed)] * pairs)
     teacher.close()
     export_jsonl(store, out / "queue.jsonl")
     return out / "queue.jsonl"
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
         elif args.cmd == "fit":
             print(json.dumps(fit_offline(args.file, args.members, args.steps, args.seed, args.labeler), indent=2))
         elif args.cmd == "play":
-            from rlhp_jax.human.play import serve_play
+            from rlhp_jax.human.play_server import serve_play
 
             return serve_play(args)
     except (ValueError, OSError, sqlite3.Error) as e:  # sqlite3: a store damaged beyond its first page

@@ -3,11 +3,14 @@
 Unlike the synthetic oracle, a person answers minutes later, so the human teacher is
 asynchronous and the driver never waits on it (except, optionally, for the first labels):
 
-* ``ask(pairs)`` hands selected pairs to a background worker that saves each pair's arrays
+It is the :class:`rlhp_jax.teachers.Teacher` of a run labeled by people (``ask`` / ``collect``);
+underneath:
+
+* ``queue(pairs)`` hands selected pairs to a background worker that saves each pair's arrays
   (``segments/ID.npz``), renders and encodes its two clips (``clips/ID-left.mp4`` …) and only
   then inserts the query into the label store, so the page never offers a pair whose clips
   are missing.  Rendering and encoding never run on the training thread.
-* ``collect(cursor)`` returns the answers recorded since ``cursor`` (the id of the last answer
+* ``answers_since(cursor)`` returns the answers recorded since ``cursor`` (the id of the last answer
   the trainer consumed, saved in its checkpoints) together with their pairs' arrays.  After a
   crash the trainer resumes from its checkpoint's cursor, so answers given while it was down,
   or after its last checkpoint, are picked up, and none is used twice.  An answer whose pair
@@ -31,10 +34,15 @@ import warnings
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
+import jax
 import numpy as np
 
 from rlhp_jax.demos import save_arrays
 from rlhp_jax.human.store import MU, LabelStore, StoreError
+from rlhp_jax.labels import padded_batches
+from rlhp_jax.teachers import Answers
+
+ANSWER_BATCH = 1024  # answers added to the label set in one compiled call (padded to a power of two)
 
 TRAIN_KEYS = ("obs", "action", "true_reward")  # what the reward model learns from (``render`` only draws clips)
 
@@ -114,7 +122,8 @@ def _one_line(e: BaseException) -> str:
 def write_clips(env: str, pair: dict[str, np.ndarray], left: Path, right: Path,
                 render_fields: Sequence[str] = ()) -> None:
     """Render and encode the two clips of a pair (segment 0 on the left)."""
-    from rlhp_jax.clips import encode_mp4, segment_frames
+    from rlhp_jax.render import segment_frames
+    from rlhp_jax.render.video import encode_mp4
 
     for side, path in ((0, left), (1, right)):
         render = pair["render"][side] if "render" in pair else None
@@ -128,10 +137,17 @@ class HumanTeacher:
     """Asks through a :class:`LabelStore` in ``run_dir``; one rendering worker thread.
 
     ``pair_shapes`` (:func:`pair_shapes`): the arrays the trainer's label buffer takes; answers to
-    pairs of other shapes are skipped.  None: the shapes of the first usable pair collected."""
+    pairs of other shapes are skipped.  None: the shapes of the first usable pair collected.
+    ``max_pending``: the most pairs a run keeps open at once (the ``Teacher`` interface)."""
+
+    asynchronous = True
 
     def __init__(self, run_dir: str | os.PathLike, env: str, render_fields: Sequence[str] = (), wanted: int = 1,
-                 store: LabelStore | None = None, pair_shapes: Mapping[str, Sequence[int]] | None = None):
+                 store: LabelStore | None = None, pair_shapes: Mapping[str, Sequence[int]] | None = None,
+                 max_pending: int | None = None):
+        self.max_pending = max_pending
+        self.responses = 0  # answers consumed, "can't tell" included
+        self.cursor = 0  # the store id of the last answer consumed
         self.run_dir = Path(run_dir)
         self.env, self.render_fields, self.wanted = env, tuple(render_fields), wanted
         self.pair_shapes = None if pair_shapes is None else {k: tuple(pair_shapes[k]) for k in TRAIN_KEYS}
@@ -144,7 +160,37 @@ class HumanTeacher:
         self._lock = threading.Lock()
         self.seconds_rendering = 0.0
 
-    def ask(self, pairs: dict[str, np.ndarray], info: Sequence[dict[str, Any]]) -> list[str]:
+    # ------------------------------------------------------------------ the Teacher interface
+    def ask(self, pairs, render, take: int, keys, env_steps: int) -> None:
+        """Queue the first ``take`` selected pairs for people (rendered off the training thread)."""
+        arrays = dict(obs=np.asarray(pairs.obs[:take]), action=np.asarray(pairs.action[:take]),
+                      true_reward=np.asarray(pairs.true_reward[:take]), render=np.asarray(render[:take]))
+        self.queue(arrays, [dict(env_steps=env_steps)] * take)
+
+    def collect(self, key) -> list[Answers]:
+        """The answers recorded since the last call, in padded batches; "can't tell" is kept in
+        the store and counted in ``responses`` but not trained on."""
+        labels, pairs, mu, self.cursor = self.answers_since(self.cursor)
+        self.responses += len(labels)
+        out = []
+        for batch, m, mask in padded_batches(pairs, mu, ANSWER_BATCH) if labels else ():
+            key, k_add = jax.random.split(key)
+            out.append(Answers(batch, m, mask, k_add))
+        return out
+
+    def publish(self, **facts) -> None:
+        """What the page shows about the trainer (labels due, answers used, progress)."""
+        self.store.set_meta(updated=time.time(), **facts)
+
+    def meta(self) -> dict:
+        return dict(responses=self.responses, human_cursor=self.cursor)
+
+    def restore(self, meta: dict) -> None:
+        self.responses = int(meta.get("responses", meta["labels"]))
+        self.cursor = int(meta.get("human_cursor", 0))
+
+    # ------------------------------------------------------------------ underneath
+    def queue(self, pairs: dict[str, np.ndarray], info: Sequence[dict[str, Any]]) -> list[str]:
         """Queue ``len(info)`` pairs (arrays ``[P, 2, T, ...]``, the first ``len(info)`` used)."""
         ids = []
         for i, meta in enumerate(info):
@@ -187,7 +233,7 @@ class HumanTeacher:
         """Pairs asked but not answered: being rendered, or open in the store."""
         return self.in_flight() + len(self.store.open_queries())
 
-    def collect(self, cursor: int) -> tuple[list, dict[str, np.ndarray] | None, np.ndarray, int]:
+    def answers_since(self, cursor: int) -> tuple[list, dict[str, np.ndarray] | None, np.ndarray, int]:
         """Answers after ``cursor`` that can be learned from: ``(labels, pairs {obs, action,
         true_reward: [n, 2, T, ...]} or None, mu [n] (NaN: can't tell), new cursor)``.  The new
         cursor is past every answer read, the skipped ones too (see the module docstring)."""

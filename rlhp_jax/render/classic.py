@@ -1,8 +1,8 @@
-"""Clips a person can watch for the gymnax tasks: classic control and MinAtar.
+"""Classic-control and MinAtar clips (layer 5: what a person sees): frames drawn from observations.
 
 gymnax has no renderer the project can use, so the frames are drawn here from the
 observations alone, with plain numpy (no jax, no new dependencies).  The frames go to
-``rlhp_jax.clips.encode_mp4`` like the Atari and MuJoCo ones, played at the task's ``fps``
+``render.video.encode_mp4`` like the Atari and MuJoCo ones, played at the task's ``fps``
 (real time; ``tasks.TASKS``)::
 
     frames = classic_clip_frames("CartPole-v1", obs)            # [T, 256, 256, 3] uint8
@@ -27,9 +27,10 @@ MountainCarContinuous-v0  ``[position, velocity]``
   and the car on the curve, tilted with the slope.
 MinAtar (Asterix, Breakout, Freeway, Seaquest, SpaceInvaders)  ``[10, 10, C]``
   One channel per object type (the task's ``minatar_channels`` name them and give each its
-  colour; the play page uses the same colours, ``minatar_cells``), row 0 at the top.  Cells are
-  scaled up with nearest neighbour onto a dark board with 1-pixel gaps between cells; where
-  channels overlap, the later channel is drawn over the earlier (as MinAtar's own display does).
+  colour: the registry's palette, the only one; the play page draws the same cells,
+  ``minatar_cells``), row 0 at the top.  Cells are scaled up with nearest neighbour onto a dark
+  board with 1-pixel gaps between cells; where channels overlap, the later channel is drawn over
+  the earlier (as MinAtar's own display does).
 
 Speed: a primitive (capsule, disc, convex polygon) is rasterised with a distance / half-plane
 mask over its bounding box only, and the static parts (track, hill, flag, goal line) are drawn
@@ -362,7 +363,7 @@ _CLASSIC = {
 
 def classic_clip_frames(env_name: str, obs: Any, size: int = 256) -> np.ndarray:
     """Frames of a gymnax task's clip: observations ``[T, *obs_shape]`` -> ``[T, size, size, 3]``
-    RGB uint8, for ``rlhp_jax.clips.encode_mp4`` at the task's ``fps``.
+    RGB uint8, for ``render.video.encode_mp4`` at the task's ``fps``.
 
     ``env_name`` is a gymnax task's name (``tasks.TASKS``); ``obs`` are the observations the
     environment wrapper returns (the task's ``obs_shape``; the module docstring says what each
