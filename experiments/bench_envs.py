@@ -42,7 +42,7 @@ def _timed(fn, *args):
 
 
 def raw_python(env: EnvpoolVecEnv, steps: int) -> float:
-    raw = env._env
+    raw = env.pool
     rng = np.random.default_rng(0)
     ids = np.arange(env.num_envs, dtype=np.int32)
     if env.spec.discrete:
@@ -61,7 +61,7 @@ def raw_python(env: EnvpoolVecEnv, steps: int) -> float:
 
 def raw_xla(env: EnvpoolVecEnv, steps: int) -> float:
     """envpool's XLA step alone (the env's own handle, built under x64; see EnvpoolVecEnv)."""
-    handle, _, _, step = env._xla
+    handle, _, _, step = env.xla_ops
     ids = jnp.arange(env.num_envs, dtype=jnp.int32)
 
     @jax.jit

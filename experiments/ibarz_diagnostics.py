@@ -74,10 +74,10 @@ def alignment(run_dir: str, steps: int, epsilon: float, seed: int = 1) -> dict:
     for _ in range(steps):
         key, k = jax.random.split(key)
         o = obs
-        env_state, action, out = r._act_step(params, env_state, obs, k, jnp.float32(epsilon))
+        env_state, action, out = r.act_step(params, env_state, obs, k, jnp.float32(epsilon))
         if bool(out.valid[0]):
             true.append(float(out.true_reward[0]))
-            model.append(float(r._rewards(rm_state, o, action)[0]))
+            model.append(float(r.rewards(rm_state, o, action)[0]))
         obs = out.obs
     true, model = np.asarray(true), np.asarray(model)
     result = dict(run=str(run), env=cfg.env, steps=len(true), epsilon=epsilon, stage=meta["stage"],

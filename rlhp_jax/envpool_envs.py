@@ -99,7 +99,10 @@ class EnvpoolState:
 
 
 class EnvpoolVecEnv:
-    """A batch of envpool environments with the papers' modifications; see the module docstring."""
+    """A batch of envpool environments with the papers' modifications; see the module docstring.
+
+    ``pool`` is envpool's own environment and ``xla_ops`` its XLA handle and step (None on the
+    Python backend): for benchmarks that time the wrapper against envpool alone."""
 
     def __init__(self, name: str, num_envs: int, seed: int = 0, backend: str = "auto",
                  num_threads: int = 0, **overrides: Any):
@@ -137,8 +140,8 @@ class EnvpoolVecEnv:
                 noop_max=opts["noop_max"], repeat_action_probability=0.0, episodic_life=False,
                 zero_discount_on_life_loss=False, reward_clip=False, full_action_space=opts["full_action_space"],
                 use_fire_reset=True, max_episode_steps=entry.horizon)
-            self._env = envpool.make(self.envpool_id, **self.envpool_kwargs)
-            n_act = int(self._env.action_space.n)
+            self.pool = envpool.make(self.envpool_id, **self.envpool_kwargs)
+            n_act = int(self.pool.action_space.n)
             from rlhp_jax import atari_masks
 
             self._mask = np.asarray(atari_masks.boolean_mask(self.task, 84, 84))  # [84, 84] bool: True = blank
@@ -157,9 +160,9 @@ class EnvpoolVecEnv:
             self.options = dict(terminal_penalty=penalty, segment_length=seg)
             self.envpool_id = entry.envpool_id
             self.envpool_kwargs = dict(common, **dict(entry.mujoco.options))
-            self._env = envpool.make(self.envpool_id, **self.envpool_kwargs)
-            space = self._env.action_space
-            self.spec = EnvSpec(name=self.task, obs_shape=tuple(self._env.observation_space.shape), discrete=False,
+            self.pool = envpool.make(self.envpool_id, **self.envpool_kwargs)
+            space = self.pool.action_space
+            self.spec = EnvSpec(name=self.task, obs_shape=tuple(self.pool.observation_space.shape), discrete=False,
                                 num_actions=int(space.shape[0]),
                                 action_low=tuple(float(x) for x in space.low),
                                 action_high=tuple(float(x) for x in space.high),
@@ -173,9 +176,9 @@ class EnvpoolVecEnv:
             # default x32 its float64 outputs (MuJoCo obs, reward, info) are declared float32
             # while the C++ side writes float64: heap corruption.  So build it under x64.
             with jax.enable_x64(True):
-                self._xla = self._env.xla()
+                self.xla_ops = self.pool.xla()
         else:
-            self._xla = None
+            self.xla_ops = None
         self._env_ids = np.arange(self.num_envs, dtype=np.int32)
 
     # ------------------------------------------------------------------ raw envpool -> StepOut
@@ -215,7 +218,7 @@ class EnvpoolVecEnv:
         action = np.asarray(action)
         if self.domain == "mujoco":
             action = action.astype(np.float64)
-        obs, rew, term, trunc, info = self._env.step(action, self._env_ids)
+        obs, rew, term, trunc, info = self.pool.step(action, self._env_ids)
         fields = dict(elapsed_step=np.asarray(info["elapsed_step"], np.int32))
         for f in self.render_fields:
             fields[f] = np.asarray(info[f], np.float32)
@@ -236,14 +239,14 @@ class EnvpoolVecEnv:
     def reset(self, key: jax.Array | None = None):
         """Reset every environment (host side, outside jit). The key is unused: envpool seeds
         itself from ``seed`` at construction."""
-        obs, _ = self._env.reset(self._env_ids)
-        token = self._xla[0] if self.backend == "xla" else jnp.zeros((), jnp.int32)
+        obs, _ = self.pool.reset(self._env_ids)
+        token = self.xla_ops[0] if self.backend == "xla" else jnp.zeros((), jnp.int32)
         state = EnvpoolState(token=jnp.asarray(token), was_out=jnp.zeros(self.num_envs, bool))
         return state, self._obs(np.asarray(obs, np.float32) if self.domain == "mujoco" else obs)
 
     def step(self, key: jax.Array, state: "EnvpoolState", action: jax.Array):
         if self.backend == "xla":
-            xla_step = self._xla[3]
+            xla_step = self.xla_ops[3]
             ids = jnp.asarray(self._env_ids)
             act = jnp.asarray(action, jnp.int32) if self.domain == "atari" else jnp.asarray(action)
             # x64 only around this call (MuJoCo wants float64 actions and returns float64)

@@ -65,7 +65,11 @@ LABEL_BATCH = 512  # pairs labeled and added in one compiled call (Atari clips: 
 
 
 class IbarzRun:
-    """Builds the components of a config and runs the protocol; ``run()`` returns a summary."""
+    """Builds the components of a config and runs the protocol; ``run()`` returns a summary.
+
+    ``act_step(params, env_state, obs, key, epsilon)`` (one ε-greedy step of every actor) and
+    ``rewards(rm_state, obs, action)`` (r̂ as the agent gets it) are compiled and public, for
+    diagnostics that replay a trained run's policy and reward model."""
 
     def __init__(self, config: IbarzConfig, progress: bool = True, log: Callable[[str], None] = print,
                  resume: bool = False):
@@ -135,9 +139,9 @@ class IbarzRun:
             metrics["reward_mean"] = jnp.mean(rewards)
             return agent_state, metrics, td_abs
 
-        self._act_step = jax.jit(act_step)
+        self.act_step = jax.jit(act_step)
         self._learn = jax.jit(learn)
-        self._rewards = jax.jit(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
+        self.rewards = jax.jit(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
         self._fit = rm.fitter()
         self._evaluate_rm = jax.jit(rm.evaluate)
         self.teacher = OracleTeacher(cfg.teacher)
@@ -191,7 +195,7 @@ class IbarzRun:
             self.key, k = jax.random.split(self.key)
             eps = agent.epsilon(self.actor_steps)
             obs_before = self.obs
-            self.env_state, action, out = self._act_step(self.agent_state.params, self.env_state, self.obs, k, eps)
+            self.env_state, action, out = self.act_step(self.agent_state.params, self.env_state, self.obs, k, eps)
             obs_np = np.asarray(obs_before)
             out = jax.device_get(out)
             self.replay.add(obs_np, np.asarray(action), out.valid, out.true_reward)
@@ -279,7 +283,7 @@ class IbarzRun:
             return {}
         if not self.cfg.uses_reward_model:  # imitation: the true reward only
             return dict(true_reward_per_1000=1000 * float(s["true_reward"].mean()))
-        r = np.concatenate([np.asarray(self._rewards(self.rm_state, jnp.asarray(s["obs"][i:i + 512]),
+        r = np.concatenate([np.asarray(self.rewards(self.rm_state, jnp.asarray(s["obs"][i:i + 512]),
                                                      jnp.asarray(s["action"][i:i + 512])))
                             for i in range(0, s["obs"].shape[0], 512)])
         row = dict(model_reward_per_1000=1000 * float(r.mean()),
@@ -292,7 +296,7 @@ class IbarzRun:
             steps = np.array([pool[i][1] for i in pick])
             clips = self.replay.segments(lanes, steps, self.cfg.segment_length)
             o, a = clips["obs"], clips["action"]
-            rr = np.asarray(self._rewards(self.rm_state, jnp.asarray(o.reshape(-1, *o.shape[2:])),
+            rr = np.asarray(self.rewards(self.rm_state, jnp.asarray(o.reshape(-1, *o.shape[2:])),
                                           jnp.asarray(a.reshape(-1, *a.shape[2:])))).reshape(a.shape[:2])
             c = segment_return_correlation(jnp.asarray(rr.sum(1)), jnp.asarray(clips["true_reward"].sum(1)))
             row["reward_correlation"] = finite_or_none(c)

@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # docs/DESIGN.md's layer table (module -> layer); experiments are layer 7
 LAYERS = {
     "rlhp_jax": 7, "rlhp_jax.core": 0, "rlhp_jax.tasks": 0, "rlhp_jax.preferences": 1, "rlhp_jax.config_fields": 1,
+    "rlhp_jax.labels": 1, "rlhp_jax.rollout": 1,
     "rlhp_jax.reward_models": 2, "rlhp_jax.ensemble": 2, "rlhp_jax.agents": 2, "rlhp_jax.agents.common": 2,
     "rlhp_jax.agents.ppo": 2, "rlhp_jax.agents.a2c": 2, "rlhp_jax.agents.trpo": 2, "rlhp_jax.agents.dqfd": 2,
-    "rlhp_jax.envs": 3, "rlhp_jax.envpool_envs": 3, "rlhp_jax.atari_masks": 3, "rlhp_jax.rollout": 3,
-    "rlhp_jax.queries": 4, "rlhp_jax.labels": 4, "rlhp_jax.schedules": 4, "rlhp_jax.demos": 4,
+    "rlhp_jax.envs": 3, "rlhp_jax.envpool_envs": 3, "rlhp_jax.atari_masks": 3,
+    "rlhp_jax.queries": 4, "rlhp_jax.schedules": 4, "rlhp_jax.demos": 4,
     "rlhp_jax.replay": 4, "rlhp_jax.human.store": 4,
     "rlhp_jax.teachers": 5, "rlhp_jax.human": 5, "rlhp_jax.human.teacher": 5, "rlhp_jax.human.server": 5,
     "rlhp_jax.human.exchange": 5, "rlhp_jax.human.instructions": 5, "rlhp_jax.human.play": 5,
@@ -33,32 +34,29 @@ LAYERS = {
     "rlhp_jax.human.__main__": 7, "rlhp_jax.human.browser": 7, "rlhp_jax.render.__main__": 7,
 }
 
-KNOWN_UPWARD = {  # (importer, imported): an inner layer reaching out
-    # agents.common.evaluate / random_reward_stats roll environments themselves
-    ("rlhp_jax.agents.common", "rlhp_jax.rollout"),
-    ("rlhp_jax.ensemble", "rlhp_jax.labels"),  # the label buffer's type and weights
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()  # (importer, imported): an inner layer reaching out; none left
 
 KNOWN_CYCLES: set[frozenset[str]] = set()  # none left (the last one, through demos, runs and ibarz, is gone)
 
-KNOWN_PRIVATE = {  # (module, private name it uses that another module defines)
-    ("experiments.bench_envs", "_env"), ("experiments.bench_envs", "_xla"),
-    ("experiments.ibarz_diagnostics", "_act_step"), ("experiments.ibarz_diagnostics", "_rewards"),
-}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()  # (module, private name it uses that another module defines); none left
 
 NAMEDTUPLE_API = {"_fields", "_replace", "_asdict", "_make"}
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @pytest.fixture(scope="module")
 def package():
-    """{module: (its imports of project modules, private names it uses from elsewhere)}."""
     files = sorted([*(ROOT / "rlhp_jax").rglob("*.py"), *(ROOT / "experiments").glob("*.py")])
-    sources = {_module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in files}
+    return read_package(files, ROOT)
+
+
+def read_package(files: list[Path], root: Path) -> dict:
+    """{module: (its imports of project modules, private names it uses from elsewhere)}."""
+    sources = {_module_name(p, root): ast.parse(p.read_text(encoding="utf-8")) for p in files}
 
     def resolve(name):
         while name and name not in sources:
@@ -93,18 +91,12 @@ def package():
     return out
 
 
-def test_every_module_has_a_layer(package):
-    assert sorted(m for m in package if m.startswith("rlhp_jax") and m not in LAYERS) == []
+def upward_imports(package, layers) -> set[tuple[str, str]]:
+    layer = lambda m: layers.get(m, 7)
+    return {(m, d) for m, (deps, _) in package.items() for d in deps if layer(d) > layer(m)}
 
 
-def test_no_module_imports_an_outer_layer(package):
-    layer = lambda m: LAYERS.get(m, 7)
-    upward = {(m, d) for m, (deps, _) in package.items() for d in deps if layer(d) > layer(m)}
-    assert upward - KNOWN_UPWARD == set(), "new upward imports"
-    assert KNOWN_UPWARD - upward == set(), "fixed: remove them from KNOWN_UPWARD"
-
-
-def test_no_import_cycles(package):
+def import_cycles(package) -> set[frozenset[str]]:
     graph = {m: deps for m, (deps, _) in package.items()}
     index, low, stack, on_stack, cycles = {}, {}, [], set(), set()
 
@@ -132,10 +124,43 @@ def test_no_import_cycles(package):
     for v in graph:
         if v not in index:
             visit(v)
-    assert cycles == KNOWN_CYCLES
+    return cycles
+
+
+def private_uses(package) -> set[tuple[str, str]]:
+    return {(m, name) for m, (_, names) in package.items() for name in names}
+
+
+def test_the_checks_find_planted_breaks(tmp_path):
+    """The scan itself works: a small package with one break of each kind, imports inside
+    functions included, is reported exactly."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from pkg import high\n    return high.g()\n")
+    (pkg / "high.py").write_text("import pkg.low\n\ndef g():\n    return pkg.low._secret\n")
+    (pkg / "other.py").write_text("from pkg.high import _hidden\n")
+    found = read_package(sorted(pkg.glob("*.py")), tmp_path)
+    assert upward_imports(found, {"pkg.low": 1, "pkg.high": 6, "pkg.other": 6}) == {("pkg.low", "pkg.high")}
+    assert import_cycles(found) == {frozenset({"pkg.low", "pkg.high"})}
+    assert private_uses(found) == {("pkg.high", "_secret"), ("pkg.other", "_hidden")}
+
+
+def test_every_module_has_a_layer(package):
+    assert sorted(m for m in package if m.startswith("rlhp_jax") and m not in LAYERS) == []
+
+
+def test_no_module_imports_an_outer_layer(package):
+    upward = upward_imports(package, LAYERS)
+    assert upward - KNOWN_UPWARD == set(), "new upward imports"
+    assert KNOWN_UPWARD - upward == set(), "fixed: remove them from KNOWN_UPWARD"
+
+
+def test_no_import_cycles(package):
+    assert import_cycles(package) == KNOWN_CYCLES
 
 
 def test_no_private_name_crosses_modules(package):
-    used = {(m, name) for m, (_, names) in package.items() for name in names}
+    used = private_uses(package)
     assert used - KNOWN_PRIVATE == set(), "new private names used across modules"
     assert KNOWN_PRIVATE - used == set(), "fixed: remove them from KNOWN_PRIVATE"
