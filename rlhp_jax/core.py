@@ -1,5 +1,5 @@
 """Plain data types every layer shares (layer 0): a task's static description, one batched
-environment step, a rollout, the environment and policy protocols, and the three small helpers
+environment step, a rollout, the environment and policy protocols, and the small helpers
 that go with them.  No logic of the method lives here; see docs/DESIGN.md for the layers.
 
 The agent-facing rules of Christiano et al. 2017, appendix A, are in what these types carry: the
@@ -88,6 +88,13 @@ class Rollout(NamedTuple):
     render: jax.Array  # [T, N, R] extra per-step data for rendering clips (R may be 0)
     last_obs: jax.Array  # [N, *obs_shape] observation after the last step
     last_value: jax.Array  # [N] value estimate of ``last_obs`` (for bootstrapping)
+
+
+def loop_body_is_slow(network: str, backend: str | None = None) -> bool:
+    """The one CPU rule for convolutions: XLA:CPU runs a CNN's gradients ~20x slower inside a loop
+    body (``lax.scan``/``lax.map``; jax-ml/jax#12868, BUILD_NOTES), so on CPU a ``"cnn"`` network's
+    steps run unrolled or as a host loop over one compiled step.  ``network``: "cnn" or "mlp"."""
+    return network == "cnn" and (backend or jax.default_backend()) == "cpu"
 
 
 def episode_ends(spec: EnvSpec, boundary, terminated):

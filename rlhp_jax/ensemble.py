@@ -42,7 +42,7 @@ from flax import struct
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy, preference_probability,
                                   segment_returns, target_return_loss)
-from rlhp_jax.core import weight_l2
+from rlhp_jax.core import loop_body_is_slow, weight_l2
 from rlhp_jax.reward_models import RewardModelSpec
 
 
@@ -109,14 +109,14 @@ def adaptive_l2(l2, train_loss, val_loss, rate=0.001, low=1.1, high=1.5):
 
 def resolve_member_axis(mode: str, backend: str | None = None, model_kind: str = "mlp") -> str:
     """'auto' -> the fastest measured layout (BUILD_NOTES "ensemble step"): on CPU ``map`` for the
-    MLP and ``unroll`` for the CNN (XLA:CPU runs convolution gradients ~20x slower inside a loop
-    body, jax-ml/jax#12868, so the CNN must not sit in ``lax.map``); ``vmap`` on accelerators."""
+    MLP and ``unroll`` for the CNN (``core.loop_body_is_slow``: the CNN must not sit in
+    ``lax.map``); ``vmap`` on accelerators."""
     if mode != "auto":
         return mode
     backend = backend or jax.default_backend()
     if backend != "cpu":
         return "vmap"
-    return "unroll" if model_kind == "cnn" else "map"
+    return "unroll" if loop_body_is_slow(model_kind, backend) else "map"
 
 
 def over_members(fn, mode: str):
@@ -361,12 +361,11 @@ class RewardEnsemble:
         return state, jax.tree.map(lambda x: jnp.nanmean(x, axis=0), metrics)
 
     def fit_loop(self, backend: str | None = None) -> str:
-        """'scan' or 'host' for this model and backend (``config.fit_loop``; 'auto' -> 'host' for
-        the CNN on CPU, where convolution gradients inside a loop body are ~20x slower)."""
+        """'scan' or 'host' for this model and backend (``config.fit_loop``; 'auto' -> 'host' where
+        ``core.loop_body_is_slow``: the CNN on CPU)."""
         if self.config.fit_loop != "auto":
             return self.config.fit_loop
-        backend = backend or jax.default_backend()
-        return "host" if (backend == "cpu" and self.spec.kind == "cnn") else "scan"
+        return "host" if loop_body_is_slow(self.spec.kind, backend) else "scan"
 
     def fitter(self, jit=jax.jit):
         """A compiled ``fit(state, buffer, key, num_steps)`` with the same results either way:

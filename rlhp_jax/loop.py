@@ -65,7 +65,7 @@ from rlhp_jax.metrics import segment_return_correlation
 from rlhp_jax.preferences import preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.rollout import collect_rollout
-from rlhp_jax.core import Rollout, clip_action, episode_ends
+from rlhp_jax.core import Rollout, clip_action, episode_ends, loop_body_is_slow
 from rlhp_jax.schedules import label_schedule
 
 MAX_QUERY_CHUNK = 1024  # pairs selected and labeled in one compiled call
@@ -197,11 +197,9 @@ class RunParts:
             self.pretrain_steps = self.fit_steps if config.pretrain_steps is None else int(config.pretrain_steps)
         self.label_capacity = min(config.label_capacity or config.labels, config.labels)  # never more than labels
         self.can_evaluate = hasattr(self.env, "episodic_reset")
-        # XLA:CPU runs convolution gradients ~20x slower inside a loop body (BUILD_NOTES, jax#12868):
-        # with a CNN policy on CPU the driver runs an iteration's updates as a host loop.
-        self.iteration_loop = "host" if (jax.default_backend() == "cpu" and self.updates_per_iter > 1
-                                         and getattr(getattr(self.agent, "pi", None), "network", "") == "cnn") \
-            else "scan"
+        # a CNN policy on CPU (core.loop_body_is_slow): the driver runs an iteration's updates as a host loop
+        network = getattr(getattr(self.agent, "pi", None), "network", "")
+        self.iteration_loop = "host" if self.updates_per_iter > 1 and loop_body_is_slow(network) else "scan"
 
     # ------------------------------------------------------------------ the run's state
     def fresh(self, key, reward_scale: bool = True) -> TrainState:
