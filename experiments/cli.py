@@ -26,7 +26,8 @@ out leaves the preset's value; abbreviations are not accepted.
 **Flags that are no field**: ``--env`` (the task), ``--labels``, ``--steps`` (``total_steps``),
 ``--seed``, ``--agent``, ``--agent-config FIELD=VALUE`` (the agent's config, whose fields depend on
 the agent), ``--teacher synthetic|human`` (``label_source``), ``--baseline`` (RL on the true reward),
-``--ablation``, ``--out``, ``--resume``, ``--no-progress``, and the labeling page's ``--host``,
+``--ablation``, ``--out``, ``--resume``, ``--no-progress``, ``--no-compile-cache`` (JAX's persistent
+compilation cache, :mod:`rlhp_jax.compile_cache`, is on by default), and the labeling page's ``--host``,
 ``--port``, ``--token``, ``--instructions``, ``--lease``.
 
 Flags renamed when they became field names (:data:`RENAMED`; the old spellings are refused with
@@ -271,6 +272,7 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
                    help="continue a run from its newest checkpoint, with its saved configuration (a run stopped "
                         "before its first checkpoint starts again from it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compile_cache_flag(p)
 
     run = p.add_argument_group("run (RunConfig fields; with --agent dqfd those IbarzConfig has too)"
                                if domain.offers_dqfd else "run (RunConfig fields)")
@@ -429,18 +431,37 @@ def _fresh_dir(path: str) -> str:
     return candidate
 
 
+def add_compile_cache_flag(p: argparse.ArgumentParser) -> None:
+    from rlhp_jax import compile_cache
+
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help=f"compile every program afresh instead of loading it from JAX's persistent cache "
+                        f"({compile_cache.default_directory()}, or ${compile_cache.ENV}; =off turns it off too)")
+
+
+def start_compile_cache(args: argparse.Namespace) -> None:
+    """The persistent compilation cache for this command (before anything compiles), unless
+    ``--no-compile-cache``."""
+    from rlhp_jax import compile_cache
+
+    if not args.no_compile_cache:
+        compile_cache.enable()
+
+
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """The flags given on the command line (other than --resume, --no-progress and the page's):
+    """The flags given on the command line (other than --resume, --no-progress, --no-compile-cache
+    and the page's):
     the generated ones present at all, the others different from their defaults."""
     defaults = vars(parser.parse_args([]))
     return [flag_name(dest, value) for dest, value in vars(args).items()
-            if dest not in ("resume", "no_progress") + SERVER_FLAGS
+            if dest not in ("resume", "no_progress", "no_compile_cache") + SERVER_FLAGS
             and not (dest in defaults and defaults[dest] == value)]
 
 
 def main(domain: Domain, argv=None) -> int:
     parser = build_parser(domain)
     args = parser.parse_args(argv)
+    start_compile_cache(args)
     from rlhp_jax.checkpoint import CheckpointError
     from rlhp_jax.demos import DemoError
     from rlhp_jax.config import RunConfig

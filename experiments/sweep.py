@@ -73,9 +73,10 @@ def parse(argv):
 def base_config(rest: list[str], labels_needed: int | None):
     """The RunConfig ``python -m experiments.classic`` would build from the same flags."""
     from experiments.classic import DOMAIN
-    from experiments.cli import build_parser, config_from_args
+    from experiments.cli import build_parser, config_from_args, start_compile_cache
 
     cargs = build_parser(DOMAIN).parse_args(rest)
+    start_compile_cache(cargs)  # before the program compiles (--no-compile-cache: off)
     if cargs.teacher == "human":
         raise ValueError("A sweep labels with the synthetic oracle; people label through python -m experiments.classic.")
     if cargs.agent == "dqfd":

@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import jax
@@ -20,12 +23,21 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+from rlhp_jax import compile_cache
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.reward_models import RewardModelSpec
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+# JAX's persistent compilation cache (rlhp_jax/compile_cache.py) in a directory of this session,
+# shared by this process and every CLI a test starts: the same program built by two tests (or two
+# child processes) compiles once.  Never the user's cache: the suite starts cold and leaves nothing.
+_CACHE = tempfile.mkdtemp(prefix="rlhp_jax_test_cache_")
+os.environ[compile_cache.ENV] = _CACHE
+compile_cache.enable(_CACHE)
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 settings.register_profile(
     "rlhp",

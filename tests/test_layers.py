@@ -30,7 +30,7 @@ LAYERS = {
     "rlhp_jax.render.classic": 5,
     "rlhp_jax.config": 6, "rlhp_jax.presets": 6, "rlhp_jax.runs": 6, "rlhp_jax.loop": 6, "rlhp_jax.driver": 6, "rlhp_jax.compiled": 6,
     "rlhp_jax.distributed": 6, "rlhp_jax.ibarz": 6, "rlhp_jax.checkpoint": 6, "rlhp_jax.metrics": 6,
-    "rlhp_jax.trained": 6, "rlhp_jax.demos_cli": 7,
+    "rlhp_jax.trained": 6, "rlhp_jax.compile_cache": 6, "rlhp_jax.demos_cli": 7,
     "rlhp_jax.human.__main__": 7, "rlhp_jax.human.browser": 7, "rlhp_jax.render.__main__": 7,
 }
 
