@@ -283,18 +283,23 @@ class Checkpointer:
     """Saves and restores numbered checkpoints of a pytree ``state`` and a JSON ``meta`` in ``directory``.
 
     ``keep``: how many of the newest complete checkpoints to keep (``None``: all).  ``save`` is
-    synchronous: when it returns, the checkpoint is complete and fsynced.  See the module docstring
+    synchronous: when it returns, the checkpoint is complete and fsynced; with ``background=True``
+    it returns at once and the write runs on a thread, complete when the next ``save``, ``wait``,
+    ``restore`` or ``close`` returns (the trainer's checkpoints: see ``save``).  See the module docstring
     for the atomicity and corruption guarantees.  After a ``restore``, ``restored_step`` tells
     which step it was (it may be older than ``latest_step()`` if a newer one was corrupt).
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int | None = 3):
+    def __init__(self, directory: str | os.PathLike, keep: int | None = 3, background: bool = False):
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise CheckpointError(f"keep must be a positive int or None (keep all), got {keep!r}")
         self.directory = Path(directory).absolute()
         self.keep = keep
+        self.background = background
         self.restored_step: int | None = None
         self._manager = None
+        self._pool = None  # the one writer thread of background saves
+        self._pending = None  # the background save in flight (a Future)
 
     def __repr__(self) -> str:
         return f"Checkpointer({str(self.directory)!r}, keep={self.keep})"
@@ -347,10 +352,24 @@ class Checkpointer:
         return self._manager, ocp
 
     def close(self) -> None:
-        """Releases orbax's resources (threads); the object stays usable."""
-        if self._manager is not None:
-            self._manager.close()
-            self._manager = None
+        """Finishes a background save (raising its error), then releases orbax's resources
+        (threads); the object stays usable."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            if self._manager is not None:
+                self._manager.close()
+                self._manager = None
+
+    def wait(self) -> None:
+        """Until the background save in flight (if any) is committed; raises its
+        :class:`CheckpointError` if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def __enter__(self):
         return self
@@ -362,8 +381,13 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict | None = None) -> Path:
         """Writes checkpoint ``step`` of ``state`` with ``meta`` and returns its directory.
 
-        Durable when it returns.  An existing checkpoint of the same step is replaced; older
-        ones beyond ``keep`` are deleted after the new one is committed.
+        Durable when it returns — or, with ``background=True``, when the next ``save``,
+        ``wait``, ``restore`` or ``close`` returns: the write runs on one thread beside the
+        caller (JAX arrays are immutable; NumPy leaves are copied first), a save first waits for
+        the one before it, and a failed write raises there.  A process killed mid-write leaves
+        an uncommitted step, which is never read: the previous checkpoint stands.  An existing
+        checkpoint of the same step is replaced; older ones beyond ``keep`` are deleted after
+        the new one is committed.
         """
         if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
             raise CheckpointError(f"step must be a non-negative int, got {step!r}")
@@ -379,7 +403,18 @@ class Checkpointer:
         names, leaves, kinds, specs, _ = _flatten(state, "state")
         items = {n: _to_orbax(x, k) for n, x, k in zip(names, leaves, kinds)}
         items[_STEP_LEAF] = np.asarray(step, np.int64)
+        self.wait()
+        if not self.background:
+            return self._write(step, items, meta_json, names, specs)
+        items = {n: np.array(x, copy=True) if isinstance(x, np.ndarray) else x for n, x in items.items()}
+        if self._pool is None:
+            import concurrent.futures
 
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending = self._pool.submit(self._write, step, items, meta_json, names, specs)
+        return self._step_dir(step)
+
+    def _write(self, step: int, items: dict, meta_json: dict, names: list, specs: list) -> Path:
         self._prepare_directory()
         committed = self.all_steps()
         if step in committed:
@@ -458,6 +493,7 @@ class Checkpointer:
         checkpoint, when ``step`` is None) is corrupt.  A corrupt newest checkpoint is skipped with
         a warning when ``step`` is None.
         """
+        self.wait()
         names, leaves, kinds, specs, treedef = _flatten(template_state, "template")
         steps = self.all_steps()
         if step is None:

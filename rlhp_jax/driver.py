@@ -129,10 +129,10 @@ class PreferenceRun:
         return buffer, added
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpointer(self):
+    def _checkpointer(self, background: bool = False):
         from rlhp_jax.checkpoint import Checkpointer
 
-        return Checkpointer(Path(self.cfg.out) / "checkpoints", keep=self.cfg.keep_checkpoints)
+        return Checkpointer(Path(self.cfg.out) / "checkpoints", keep=self.cfg.keep_checkpoints, background=background)
 
     def _saveable(self, state: TrainState) -> dict:
         saved = dict(agent=state.agent, ensemble=state.ensemble, buffer=state.buffer, key=state.key)
@@ -165,7 +165,8 @@ class PreferenceRun:
         cfg, spec, parts = self.cfg, self.spec, self.parts
         out = Path(cfg.out)
         learn = self.learn
-        ckpt = self._checkpointer()
+        # saved on a thread while the next iteration runs (each save waits for the one before)
+        ckpt = self._checkpointer(background=True)
         restoring = continues_from_checkpoint(ckpt, out, self.resume, self.log)
         if parts.steps_note:
             self.log(parts.steps_note)
@@ -309,6 +310,7 @@ class PreferenceRun:
                 bar.set_postfix(post)
         if bar is not None:
             bar.close()
+        ckpt.close()  # the last checkpoint committed
         if teacher is not None:
             teacher.close()
             teacher.publish(state="finished")

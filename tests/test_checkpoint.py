@@ -244,6 +244,37 @@ def test_one_flipped_bit_in_array_data_is_detected(tmp_path):
     np.testing.assert_array_equal(state["x"], states[0]["x"])
 
 
+def test_background_saves_round_trip_and_copy_numpy_leaves(tmp_path):
+    ckpt = Checkpointer(tmp_path / "ck", keep=2, background=True)
+    frames = np.arange(12, dtype=np.uint8)
+    state = {"frames": frames, "w": jnp.arange(3.0)}
+    ckpt.save(1, state, {"step": 1})
+    frames[:] = 0  # the caller moves on and reuses its buffer: the checkpoint keeps what was saved
+    ckpt.save(2, {"frames": frames + 1, "w": jnp.arange(3.0) * 2}, {"step": 2})
+    got, meta = ckpt.restore(state, step=1)  # restore waits for the write in flight
+    np.testing.assert_array_equal(got["frames"], np.arange(12, dtype=np.uint8))
+    got, meta = ckpt.restore(state)
+    assert meta == {"step": 2} and ckpt.all_steps() == [1, 2]
+    np.testing.assert_array_equal(got["w"], [0.0, 2.0, 4.0])
+    ckpt.close()
+
+
+def test_a_failed_background_save_raises_at_the_next_call(tmp_path, monkeypatch):
+    ckpt = Checkpointer(tmp_path / "ck", background=True)
+
+    def fail(*args):
+        raise CheckpointError("disk full")
+
+    monkeypatch.setattr(ckpt, "_write", fail)
+    ckpt.save(1, {"w": jnp.zeros(2)})  # returns: the write runs on the thread
+    with pytest.raises(CheckpointError, match="disk full"):
+        ckpt.save(2, {"w": jnp.zeros(2)})  # step 1's failure; step 2 is not started
+    ckpt.wait()  # nothing in flight
+    ckpt.save(3, {"w": jnp.zeros(2)})
+    with pytest.raises(CheckpointError, match="disk full"):
+        ckpt.close()
+
+
 def test_every_checkpoint_corrupt_raises(tmp_path):
     d = tmp_path / "ck"
     ckpt = Checkpointer(d)
@@ -318,7 +349,7 @@ elif mode == "during_prune":  # an old step renamed to trash and half deleted
         return orig_rmtree(path, *a, **k)
     shutil.rmtree = rmtree
 
-c = ckpt.Checkpointer(directory, keep=2)
+c = ckpt.Checkpointer(directory, keep=2, background=sys.argv[5] == "1")
 start = (c.latest_step() or 0) + 1
 print("ready", flush=True)
 for s in range(start, start + 1000):
@@ -344,9 +375,10 @@ def check_consistent(state, meta, mb):
     return s
 
 
-def start_child(directory: Path, mode: str, mb: float, kill_step: int = -1) -> subprocess.Popen:
+def start_child(directory: Path, mode: str, mb: float, kill_step: int = -1, background: bool = False) -> subprocess.Popen:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD_SRC, str(directory), mode, str(mb), str(kill_step)],
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_SRC, str(directory), mode, str(mb), str(kill_step),
+                             "1" if background else "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     line = proc.stdout.readline()
     if line.strip() != "ready":
@@ -362,7 +394,10 @@ def leftovers(d: Path) -> list[str]:
             or (p.name.isdigit() and not (p / COMMIT_FILE).exists())]
 
 
-def test_sigkill_at_random_moments_leaves_last_complete_checkpoint(tmp_path):
+@pytest.mark.parametrize("background", [False, True])
+def test_sigkill_at_random_moments_leaves_last_complete_checkpoint(tmp_path, background):
+    """A save that returned is never lost (with background saves: the one before the last that
+    returned, whose write the next save waited for)."""
     mb = 50.0
     d = tmp_path / "ck"
     ckpt = Checkpointer(d, keep=2)
@@ -371,7 +406,7 @@ def test_sigkill_at_random_moments_leaves_last_complete_checkpoint(tmp_path):
     rng = random.Random(1234)
     last, interrupted = 1, 0
     for _ in range(4):
-        proc = start_child(d, "random", mb)
+        proc = start_child(d, "random", mb, background=background)
         time.sleep(rng.uniform(0.05, 1.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -382,7 +417,7 @@ def test_sigkill_at_random_moments_leaves_last_complete_checkpoint(tmp_path):
 
         state, meta = ckpt.restore(template)
         s = check_consistent(state, meta, mb)
-        assert s == ckpt.latest_step() >= max(saved + [last])  # no completed save is ever lost
+        assert s == ckpt.latest_step() >= max(saved + [last + background]) - background  # none lost
         assert len(ckpt.all_steps()) <= 2
         # the run resumes: a further save works and cleans up what the kill left behind
         ckpt.save(s + 1, make_state(s + 1, mb), {"step": s + 1})
