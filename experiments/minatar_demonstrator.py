@@ -11,7 +11,6 @@ Errors are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -38,15 +37,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import jax
 
-    from rlhp_jax.demos import DemoError, describe, read_demos, record_policy
+    from rlhp_jax.demos import DemoError, record_policy
+    from rlhp_jax.demos_cli import save_recording
     from rlhp_jax.envs import make_env
 
     try:
         rec = record_policy(make_env(ENV, 1), minatar_tracker, jax.random.PRNGKey(args.seed), episodes=args.episodes,
                             max_steps=args.max_steps, source="tracker")
-        path = rec.save(args.out)
-        print(json.dumps(describe(read_demos(path)), indent=2, ensure_ascii=False))
-        print(f"demonstrations written to {path}")
+        save_recording(rec, args.out)
         return 0
     except (DemoError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

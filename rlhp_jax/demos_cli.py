@@ -19,6 +19,13 @@ import jax
 from rlhp_jax.demos import DemoError, describe, read_demos, record_policy
 
 
+def save_recording(rec, out) -> None:
+    """Write a ``DemoRecorder``'s demonstrations to ``out`` and print what the file holds."""
+    path = rec.save(out)
+    print(json.dumps(describe(read_demos(path)), indent=2, ensure_ascii=False))
+    print(f"demonstrations written to {path}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlhp_jax.demos_cli", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,9 +63,7 @@ def main(argv=None) -> int:
         rec = record_policy(env, act, jax.random.PRNGKey(args.seed), episodes=args.episodes, max_steps=args.max_steps,
                             source=f"policy:{run}", progress=progress)
         bar.close()
-        path = rec.save(args.out)
-        print(json.dumps(describe(read_demos(path)), indent=2, ensure_ascii=False))
-        print(f"demonstrations written to {path}")
+        save_recording(rec, args.out)
         return 0
     except (DemoError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
