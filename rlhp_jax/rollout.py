@@ -1,4 +1,5 @@
-"""Collecting fixed-length rollouts from a batched environment with ``jax.lax.scan``.
+"""Collecting fixed-length rollouts from a batched environment with ``jax.lax.scan`` (layer 1: pure
+functions against the ``core.VecEnv`` protocol, whichever environment implements it).
 
 The rollout keeps everything the environment reports (``true_reward``, ``terminated``,
 ``raw_reward``, ``render``) so that the oracle, the metrics and the clips can use it, but agents
