@@ -1,4 +1,5 @@
-"""The label set D of (σ¹, σ², μ) triples (layer 1: a data structure on the core types; the ensemble and the drivers use it).
+"""The label set D of (σ¹, σ², μ) triples (layer 1: a data structure on the core types, under the
+ensemble and the drivers that use it).
 
 A fixed-capacity ring buffer held as arrays, so adding labels and sampling training batches
 stay inside ``jit`` with static shapes however many labels have arrived.  With
