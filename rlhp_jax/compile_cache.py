@@ -21,6 +21,7 @@ compile time would also make what is stored depend on the machine's load).
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 ENV = "RLHP_JAX_COMPILE_CACHE"
@@ -45,13 +46,19 @@ def directory() -> Path | None:
 
 def enable(path: str | os.PathLike | None = None) -> Path | None:
     """Turn the cache on for this process (``path``, else :func:`directory`); returns where it is,
-    or None when it stays off.  Call before the first compilation."""
+    or None when it stays off (also, with a warning, when the directory cannot be made: a run
+    never fails for want of its cache).  Call before the first compilation."""
     import jax
 
     where = Path(path) if path is not None else directory()
     if where is None:
         return None
-    where.mkdir(parents=True, exist_ok=True)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"no compilation cache: cannot create {where} ({e.strerror or e}); set {ENV} to a "
+                      f"writable directory, or to off", stacklevel=2)
+        return None
     jax.config.update("jax_compilation_cache_dir", str(where))
     jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

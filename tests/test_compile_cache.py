@@ -32,6 +32,13 @@ def test_where_it_is(monkeypatch, tmp_path):
     assert compile_cache.directory() == tmp_path / "xdg" / "rlhp_jax" / "jax"
 
 
+def test_a_directory_that_cannot_be_made_leaves_it_off_with_a_warning(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.warns(UserWarning, match="no compilation cache"):
+        assert compile_cache.enable(blocker / "cache") is None
+
+
 def _run(out: Path, cache: Path, *flags: str) -> None:
     env = dict(os.environ, **{compile_cache.ENV: str(cache)})
     proc = subprocess.run([sys.executable, *TINY, "--out", str(out), *flags], cwd=ROOT, env=env,
