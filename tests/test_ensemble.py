@@ -18,8 +18,8 @@ from conftest import MLP_SPEC, OBS_DIM, SEGMENT_LENGTH, Compiled, fast_jit, rand
 from hypothesis import assume, given
 
 from rlhp_jax import labels as labels_lib
-from rlhp_jax.ensemble import (INPUT_CLIP, INPUT_STD_FLOOR, EnsembleConfig, RewardEnsemble, adaptive_l2,
-                               resolve_member_axis, standardize)
+from rlhp_jax.ensemble import (INPUT_CLIP, INPUT_STD_FLOOR, NOISE_LEVELS, EnsembleConfig, RewardEnsemble, adaptive_l2,
+                               gaussian_noise, resolve_member_axis, standardize)
 from rlhp_jax.reward_models import RewardModelSpec
 
 N_FIT = 500  # steps of every ens3.fit call
@@ -529,3 +529,38 @@ def test_bootstrap_counts_are_poisson_one(big_buffer):
         assert abs(boot[m].mean() - 1.0) < 5 / math.sqrt(n)  # mean 1, variance 1
         assert abs(boot[m].var() - 1.0) < 0.06
         assert abs((boot[m] == 0).mean() - 1 / math.e) < 0.02  # Poisson(1): P(0) = 1/e
+
+
+# ------------------------------------------------------------------ input noise (Ibarz A.3)
+NOISE_TAIL = 4.3250  # √2 · erfinv(1 − 2^-16): the outermost level's magnitude
+
+
+@given(st.lists(st.integers(1, 7), min_size=1, max_size=3), st.integers(0, 2 ** 31 - 1))
+def test_gaussian_noise_shape_bounds_and_key(shape, seed):
+    """Any shape (odd sizes use half of the last 32-bit word); finite, within the outermost
+    quantile levels; the same key gives the same noise, another key other noise."""
+    key = jax.random.PRNGKey(seed)
+    a = np.asarray(gaussian_noise(key, tuple(shape)))
+    assert a.shape == tuple(shape) and a.dtype == np.float32
+    assert np.all(np.isfinite(a)) and np.all(np.abs(a) <= NOISE_TAIL)
+    np.testing.assert_array_equal(a, gaussian_noise(key, tuple(shape)))
+    if a.size >= 8:
+        assert not np.array_equal(a, gaussian_noise(jax.random.PRNGKey(seed + 1), tuple(shape)))
+
+
+def test_gaussian_noise_is_standard_normal():
+    """200,000 draws: mean 0 and std 1 to sampling error, the empirical CDF within 0.005 of
+    Φ everywhere it is checked (Kolmogorov–Smirnov's 1 % critical value at this size is 0.0036),
+    the values on the 2^16 levels Φ⁻¹((k + ½) / 2^16), and the two halves of one random word
+    independent (no correlation between neighbours)."""
+    x = np.asarray(gaussian_noise(jax.random.PRNGKey(7), (200_000,)), np.float64)
+    assert abs(x.mean()) < 0.01 and abs(x.std() - 1) < 0.01
+    grid = np.linspace(-3, 3, 61)
+    phi = 0.5 * (1 + np.vectorize(math.erf)(grid / math.sqrt(2)))
+    ecdf = np.searchsorted(np.sort(x), grid, side="right") / x.size
+    assert np.max(np.abs(ecdf - phi)) < 0.005
+    # on the level grid: Φ(x)·2^16 - ½ is an integer
+    k = 0.5 * (1 + np.vectorize(math.erf)(x[:2000] / math.sqrt(2))) * NOISE_LEVELS - 0.5
+    np.testing.assert_allclose(k, np.round(k), atol=0.02)
+    assert abs(np.corrcoef(x[0::2], x[1::2])[0, 1]) < 0.01
+    
