@@ -287,12 +287,15 @@ class PreferenceRun:
                     falls = self._falls(rollout, rewards, member_r, jax.random.fold_in(keys.correlation, 1))
                     row.update({f"fall_{k}": finite_or_none(v) for k, v in falls.items()})
                 row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2, time_diagnostics_s=time.perf_counter() - t3)
+            t4 = time.perf_counter()
             sums, episodes, total = self._score(state.episode_sums, rollout)
             state = state.replace(episode_sums=sums, queries=asked, labels=answered)
             row.update(host_values(self._progress_metrics(it, state, rollout, rewards, agent_m, episodes, total)))
-            row["time_agent_s"] = t1 - t0
+            t5 = time.perf_counter()
+            row.update(time_agent_s=t1 - t0, time_metrics_s=t5 - t4)
             if self.can_evaluate and evaluate_now:
                 row["eval_return"] = float(self._eval(state.agent.params, keys.evaluation))
+                row["time_eval_s"] = time.perf_counter() - t5
             row["wall_s"] = wall_before + time.perf_counter() - start
             row["steps_per_s"] = env_steps / row["wall_s"]
             writer.write(row)

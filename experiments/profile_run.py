@@ -1,0 +1,103 @@
+"""Where a run's time goes: run one entry point and print its time per component.
+
+    python -m experiments.profile_run experiments.classic --env Pendulum-v1 --labels 1000 --steps 100000
+    python -m experiments.profile_run experiments.mujoco --env Hopper --labels 700 --steps 49152
+    python -m experiments.profile_run --json prof.json experiments.atari --env Pong --labels 500 --steps 8000
+
+Runs ``python -m MODULE ARGS --out TMP --no-progress`` (``--out`` given in ARGS is kept, and the
+run is then left on disk), times the whole process, and reads the ``time_*`` columns every
+iteration row of ``metrics.jsonl`` carries (host driver: ``agent`` = acting and the agent's
+update, ``labels`` = choosing and answering queries, ``fit`` = the reward model's steps,
+``diagnostics`` = validation, correlation and fall statistics, ``metrics`` = the row's numbers
+fetched from the device, ``eval`` = evaluation episodes; Ibarz's protocol has its own).  It prints:
+
+* ``start-up``: process wall time before the training loop's clock starts (imports, building
+  the environment, the persistent compilation cache's loads or first compiles, random-policy
+  statistics);
+* each component's total, its share of the process, and its median per iteration after the
+  first (the first iteration compiles what the cache did not have: it is shown on its own);
+* ``other``: loop time no component accounts for (the initial labels and pretraining, checkpoint
+  saves, writing metrics, TensorBoard).
+
+So the next bottleneck is on one screen.  Record findings in BUILD_NOTES.md with the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def breakdown(rows: list[dict], process_s: float) -> dict:
+    """Totals per ``time_*`` component from metrics rows; see the module docstring."""
+    if not rows:
+        raise ValueError("the run wrote no metrics rows")
+    loop_s = float(rows[-1]["wall_s"])
+    names = sorted({k for r in rows for k in r if k.startswith("time_") and k.endswith("_s")})
+    comps = {}
+    for k in names:
+        vals = [float(r[k]) for r in rows if r.get(k) is not None]
+        later = [float(r[k]) for r in rows[1:] if r.get(k) is not None]
+        comps[k[len("time_"):-2]] = dict(total_s=sum(vals), first_s=float(rows[0].get(k) or 0.0),
+                                         median_ms=1e3 * statistics.median(later) if later else None)
+    accounted = sum(c["total_s"] for c in comps.values())
+    return dict(process_s=process_s, startup_s=max(process_s - loop_s, 0.0), loop_s=loop_s,
+                iterations=len(rows), components=comps, other_s=max(loop_s - accounted, 0.0))
+
+
+def table(b: dict) -> str:
+    p = b["process_s"]
+    pct = lambda s: f"{100 * s / p:.0f} %" if p > 0 else "—"
+    lines = [f"process {p:.1f} s, {b['iterations']} iterations", "",
+             "| component | total s | share | first iteration s | median per later iteration |",
+             "|---|---|---|---|---|",
+             f"| start-up | {b['startup_s']:.2f} | {pct(b['startup_s'])} | | |"]
+    for name, c in sorted(b["components"].items(), key=lambda kv: -kv[1]["total_s"]):
+        med = "—" if c["median_ms"] is None else f"{c['median_ms']:.1f} ms"
+        lines.append(f"| {name} | {c['total_s']:.2f} | {pct(c['total_s'])} | {c['first_s']:.2f} | {med} |")
+    lines.append(f"| other (initial labels, pretraining, checkpoints, writing) | {b['other_s']:.2f} | {pct(b['other_s'])} | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the breakdown as JSON")
+    p.add_argument("module", help="the entry point, e.g. experiments.classic")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    a = p.parse_args(argv)
+    if not a.module.startswith("experiments."):
+        p.error(f"expected an entry point such as experiments.classic, got {a.module!r}")
+    args = list(a.args)
+    tmp = None
+    if "--out" not in args:
+        tmp = tempfile.TemporaryDirectory(prefix="rlhp_profile_")
+        args += ["--out", tmp.name]
+    out = Path(args[args.index("--out") + 1])
+    if "--no-progress" not in args:
+        args.append("--no-progress")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", a.module, *args])
+    process_s = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"the run failed (exit {proc.returncode}); nothing to profile")
+    b = breakdown(read_rows(out / "metrics.jsonl"), process_s)
+    b["command"] = [a.module, *a.args]
+    print(table(b))
+    if a.json:
+        Path(a.json).write_text(json.dumps(b, indent=1))
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""experiments.profile_run: the time breakdown read from a run's metrics rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.profile_run import breakdown, table
+
+ROWS = [  # two iterations of a host-driver run: the first compiles
+    dict(iteration=1, wall_s=5.0, time_agent_s=2.0, time_fit_s=1.0, time_labels_s=0.5),
+    dict(iteration=2, wall_s=6.0, time_agent_s=0.25, time_fit_s=0.5, time_labels_s=0.125, time_eval_s=0.05),
+    dict(iteration=3, wall_s=7.0, time_agent_s=0.75, time_fit_s=0.5, time_labels_s=0.125),
+]
+
+
+def test_breakdown_totals_startup_and_rest():
+    b = breakdown(ROWS, process_s=10.0)
+    assert b["startup_s"] == pytest.approx(3.0)  # the process outlived the loop's clock by 3 s
+    assert b["loop_s"] == 7.0 and b["iterations"] == 3
+    c = b["components"]
+    assert set(c) == {"agent", "fit", "labels", "eval"}
+    assert c["agent"]["total_s"] == pytest.approx(3.0) and c["agent"]["first_s"] == 2.0
+    assert c["agent"]["median_ms"] == pytest.approx(500.0)  # median of the later iterations (0.25, 0.75)
+    assert c["eval"]["first_s"] == 0.0 and c["eval"]["median_ms"] == pytest.approx(50.0)
+    assert b["other_s"] == pytest.approx(7.0 - (3.0 + 2.0 + 0.75 + 0.05))
+    text = table(b)
+    assert text.index("| agent |") < text.index("| fit |") < text.index("| labels |")  # largest first
+    assert "| start-up | 3.00 | 30 %" in text
+
+
+def test_breakdown_refuses_a_run_without_rows():
+    with pytest.raises(ValueError, match="no metrics rows"):
+        breakdown([], 1.0)
