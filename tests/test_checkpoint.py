@@ -322,6 +322,19 @@ if mode == "during_orbax":   # as soon as orbax has started writing its temporar
         time.sleep(0.02)
         die()
     threading.Thread(target=watch, daemon=True).start()
+    # On a loaded machine the watcher may be scheduled only after orbax has finished the step: hold
+    # orbax's rename of that step back until the kill lands, so the step is never put in place.
+    try:
+        from orbax.checkpoint._src.path import atomicity
+    except ImportError:  # a private module: without it the watcher alone decides (racy under load)
+        atomicity = None
+    if atomicity is not None:
+        orig_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+        async def finalize(self, *a, **k):
+            if os.path.basename(str(self.get())) == str(kill_step) + ckpt.ORBAX_TMP_SUFFIX:
+                time.sleep(60)  # the watcher's SIGKILL arrives first
+            return await orig_finalize(self, *a, **k)
+        atomicity.AtomicRenameTemporaryPath.finalize = finalize
 elif mode == "after_orbax":  # orbax renamed the step directory; no commit record yet
     orig_sync = ckpt._sync_and_checksum
     def sync(step_dir):
