@@ -5,6 +5,7 @@
     python -m experiments.atari --baseline                         # A2C on the true reward
     python -m experiments.atari --ablation random_queries
     python -m experiments.atari --agent dqfd --demos demos/pong.npz --setup demos+prefs+autolabels   # Ibarz et al. 2018
+    python -m experiments.atari --agent dqfd --demos demos/pong.npz --teacher human   # Ibarz, people label
 
 Paper settings (A.2): A2C with 16 environments, 5-step updates, γ = 0.99, entropy 0.01,
 learning rate 7e-4 decayed to 0 at 80M steps; the A.2 reward CNN (batch norm, dropout) in an

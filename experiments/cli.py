@@ -30,6 +30,11 @@ the agent), ``--teacher synthetic|human`` (``label_source``), ``--baseline`` (RL
 compilation cache, :mod:`rlhp_jax.compile_cache`, is on by default), and the labeling page's ``--host``,
 ``--port``, ``--token``, ``--instructions``, ``--lease``.
 
+**People label either protocol** (``--teacher human``): the same labeling page is served from a
+thread of the training process, for Christiano's runs and for Ibarz's (``--agent dqfd``; its
+``--wait-for-labels`` / ``--no-wait-for-labels`` says whether each iteration waits for its batch;
+Christiano's human flags, whose pacing differs, are refused there with what to use instead).
+
 Flags renamed when they became field names (:data:`RENAMED`; the old spellings are refused with
 the new name): ``--members`` → ``--ensemble.num-members``, ``--initial-labels`` (a fraction) →
 ``--initial-label-fraction``, ``--max-pending`` → ``--max-pending-queries``, ``--no-wait`` →
@@ -54,7 +59,8 @@ from typing import Any
 NOT_FLAGS = ("env", "total_steps", "labels", "seed", "agent", "agent_config", "reward_source", "label_source",
              "ablation", "out", "protocol")
 IBARZ_AS = {"initial_labels": "initial_label_count"}  # IbarzConfig field -> the flag (dest) that sets it
-HUMAN_FIELDS = ("max_pending_queries", "wait_for_initial_labels", "query_max_age_steps")  # help group
+HUMAN_FIELDS = ("max_pending_queries", "wait_for_initial_labels", "query_max_age_steps",  # help group
+                "wait_for_labels")
 EXTRA_HELP = {  # for fields whose comment says too little on its own
     "eval_episodes": "episodes per evaluation",
     "keep_checkpoints": "newest checkpoints kept",
@@ -279,7 +285,8 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     ens = p.add_argument_group("reward-model ensemble (RunConfig.ensemble)")
     teacher = p.add_argument_group("synthetic teacher (RunConfig.teacher" +
                                    (", IbarzConfig.teacher)" if domain.offers_dqfd else ")"))
-    human = p.add_argument_group("human labels (--teacher human)")
+    human = p.add_argument_group("human labels (--teacher human" +
+                                 ("; --agent dqfd: IbarzConfig.wait_for_labels)" if domain.offers_dqfd else ")"))
     add_server_flags(human)
     groups = {"ensemble": ens, "teacher": teacher}
     if domain.offers_dqfd:
@@ -307,7 +314,7 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
             cls = field_types(IbarzConfig).get(owner) if owner else IbarzConfig
             doc = field_docs(cls).get(field, "")
             shown = _show(_ibarz_value(ibarz_values, flag.ibarz))
-            group = groups.get(owner, groups.get("ibarz"))
+            group = groups.get(owner, human if path in HUMAN_FIELDS else groups.get("ibarz"))
         doc = "; ".join(filter(None, (EXTRA_HELP.get(field), doc or ibarz_docs.get(field, ""))))
         names = [flag.name]
         if flag.hint is bool:
@@ -387,6 +394,12 @@ def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
     given = given_fields(args, domain)
     christiano_only = [flag for flag, on in (("--baseline", args.baseline), ("--ablation", args.ablation)) if on]
     christiano_only += [f.name for f, _ in given if f.ibarz is None and f.dest != "label_horizon"]
+    human_only = [name for name in christiano_only if name.removeprefix("--").replace("-", "_") in HUMAN_FIELDS]
+    if human_only:
+        raise ValueError(f"{' '.join(human_only)} belong{'s' if len(human_only) == 1 else ''} to Christiano et al.'s "
+                         "human runs; with --agent dqfd people label the clips of each iteration in a batch, the "
+                         "first batch is always awaited, and --no-wait-for-labels lets training go on with r̂ as it "
+                         "is while they label the later ones.")
     if christiano_only:
         raise ValueError(f"{' '.join(christiano_only)} belong{'s' if len(christiano_only) == 1 else ''} to "
                          "Christiano et al.'s setup; with --agent dqfd choose a --setup (Ibarz uses a single reward "
@@ -394,13 +407,10 @@ def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):
     if any(f.dest == "label_horizon" for f, _ in given):
         raise ValueError("--label-horizon applies to Christiano et al.'s schedule; Ibarz's protocol spends its "
                          "budget by the run's end (A.3's rate ∝ 5e6/(T + 5e6); --rate-constant changes c).")
-    if args.teacher == "human":
-        raise ValueError("--agent dqfd runs with the synthetic oracle only for now; label with people through "
-                         "the Christiano setup (--agent a2c --teacher human).")
     IbarzConfig = _ibarz_classes()[0]
     agent = agent_changes(DQfDConfig, args.agent_config) if args.agent_config else None
     cfg = presets.ibarz(IbarzConfig, args.env, args.labels, args.seed, steps=args.steps, out=args.out,
-                        agent_config=agent, **{f.ibarz: value for f, value in given})
+                        agent_config=agent, label_source=args.teacher, **{f.ibarz: value for f, value in given})
     return cfg if args.out else dataclasses.replace(cfg, out=_fresh_dir(cfg.out))
 
 
@@ -478,20 +488,19 @@ def main(domain: Domain, argv=None) -> int:
             cfg = ibarz_config_from_args(args, domain)
         else:
             cfg = config_from_args(args, domain)
-        if not isinstance(cfg, RunConfig):  # Ibarz et al.'s protocol
-            from rlhp_jax.ibarz import IbarzRun
-
-            summary = IbarzRun(cfg, progress=not args.no_progress, resume=bool(args.resume)).run()
-            print(json.dumps(summary, indent=2))
-            print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")
-            return 0
-
         from rlhp_jax.human.server import check_binding
 
         check_binding(args.host, args.token)
-        run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
+        if isinstance(cfg, RunConfig):
+            run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
+            asks_people = cfg.label_source == "human" and cfg.reward_source == "model"
+        else:  # Ibarz et al.'s protocol (it refuses --teacher human where it asks for no labels)
+            from rlhp_jax.ibarz import IbarzRun
+
+            run = IbarzRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
+            asks_people = cfg.label_source == "human"
         server = None
-        if cfg.label_source == "human" and cfg.reward_source == "model":  # the page, from a thread of this process
+        if asks_people:  # the page, from a thread of this process
             from rlhp_jax.human.server import start_page
             from rlhp_jax.human.store import LabelStore
 

@@ -31,6 +31,7 @@ ABLATIONS = {
     "no_segments": "segments of length 1 (robotics tasks only)",
     "target": "r̂ regressed on the true segment return with squared error instead of preferences",
 }
+BASELINE_REWARDS = ("normalized", "raw", "clipped_game")  # RunConfig.baseline_reward (loop.RunParts.baseline_rewards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +45,9 @@ class RunConfig:
     env_options: tuple = ()  # (name, value) pairs for the environment wrapper, e.g. (("noop_max", 90),)
     reward_source: str = "model"  # "model" (learn from preferences) or "true" (RL baseline)
     # the baseline's reward: "normalized" (the true reward shifted and scaled by a random policy's mean
-    # and std) or "raw" (the task's true reward as it is: A.1's modified task, the MuJoCo preset)
+    # and std), "raw" (the task's true reward as it is: A.1's modified task, the MuJoCo preset) or
+    # "clipped_game" (the game's own reward clipped to [-1, 1], no game-over penalty: A.2's wrappers, the
+    # Atari preset)
     baseline_reward: str = "normalized"
     selection: str = "disagreement"  # "disagreement" (§2.2.4) or "random"
     candidate_factor: int = queries.CANDIDATE_FACTOR  # A: 10x more candidates than queries
@@ -52,8 +55,17 @@ class RunConfig:
     initial_label_fraction: float | None = 0.25  # A.1: 25 % of labels from the untrained policy
     initial_label_count: int | None = None  # A.2: 500 (overrides the fraction)
     rate_constant: float | None = None  # c of c/(T+c) (A.1: 2e6, A.2: 5e6); None: a quarter of the label horizon
+    # the label rate is held constant for blocks of this many steps (A.2: "decreased every 5*10^6 frames");
+    # None: it falls continuously
+    rate_step: int | None = None
     label_horizon: int | None = None  # step by which the whole label budget is due; None: the run's last step
-    label_capacity: int | None = None  # keep only the last N labels (A.2: 3,000); None: all
+    # keep only the last N labels (A.2: 3,000), but never fewer than the labels asked before RL (the
+    # no_online_queries ablation asks them all up front: all are kept); None: all
+    label_capacity: int | None = None
+    # the untrained policy's first rollout is long enough to hold every candidate pair's clips without
+    # overlap (schedules.initial_rollout_steps: 2 · candidate pairs · segment steps, in whole iterations'
+    # rollouts, at most loop.MAX_INITIAL_STEPS; the Atari preset); off: one iteration's rollout
+    distinct_initial_clips: bool = False
     # reward-model steps on the initial labels before RL; None: one iteration's share (fit_steps), what
     # a predictor trained asynchronously (A.1/A.2) has done by the time the first batch is scored
     pretrain_steps: int | None = 500
@@ -79,8 +91,9 @@ class RunConfig:
     def __post_init__(self):
         if self.reward_source not in ("model", "true"):
             raise ValueError(f"reward_source must be 'model' or 'true', got {self.reward_source!r}")
-        if self.baseline_reward not in ("normalized", "raw"):
-            raise ValueError(f"baseline_reward must be 'normalized' or 'raw', got {self.baseline_reward!r}")
+        if self.baseline_reward not in BASELINE_REWARDS:
+            raise ValueError(f"baseline_reward must be {', '.join(map(repr, BASELINE_REWARDS))}, "
+                             f"got {self.baseline_reward!r}")
         if self.selection not in ("disagreement", "random"):
             raise ValueError(f"selection must be 'disagreement' or 'random', got {self.selection!r}")
         if self.reward_source == "model" and self.labels < 1:
@@ -101,7 +114,7 @@ class RunConfig:
         if self.max_pending_queries < 1:
             raise ValueError(f"max_pending_queries must be >= 1, got {self.max_pending_queries}")
         check_ranges(self, counts=("eval_every", "eval_episodes", "correlation_segments", "label_capacity", "label_horizon",
-                                   "query_max_age_steps", "keep_checkpoints"),
+                                   "rate_step", "query_max_age_steps", "keep_checkpoints"),
                      nonnegative=("initial_label_count", "pretrain_steps", "pretrain_epochs", "fit_steps",
                                   "iteration_steps", "checkpoint_every"),
                      positive=("rate_constant", "labels_per_rl_step"), fractions=("initial_label_fraction",))
@@ -180,6 +193,10 @@ FULL_INITIAL = 500
 
 # Ibarz A.1 on Atari: all 18 actions, 0-90 no-ops at reset
 ATARI_OPTIONS = (("full_action_space", True), ("noop_max", 90))
+# Ibarz's synthetic oracle prefers the clip with the higher game score as the game counts it (§2.5: "the
+# true reward of the underlying Atari game"; appendix D weighs 10 vs 11 vs 100 points), not A.2's reward
+# clipped to [-1, 1]; the agent learns from r̂ only.  Applied on Atari unless env_options names it.
+IBARZ_ORACLE = (("clip_oracle_reward", False),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,10 +215,13 @@ class IbarzConfig:
     rm_pretrain_batches: int = 50_000  # A.4: reward model on the initial labels
     second_pretrain_batches: int = 60_000  # A.4: second pretraining, with r̂
     rm_batches_per_iteration: int = 6_250  # A.4
-    initial_steps: int | None = None  # actor steps of the initial trajectories; None: 2 · initial · segment
+    # actor steps of the initial trajectories; None: 2 · initial · segment (schedules.initial_rollout_steps)
+    initial_steps: int | None = None
     num_envs: int = 1  # actors stepping together (each its own replay lane)
     seed: int = 0
-    env_options: tuple = ()  # None of the Atari defaults (ATARI_OPTIONS) is applied when set
+    # None of the Atari defaults (ATARI_OPTIONS) is applied when set; the unclipped oracle (IBARZ_ORACLE) is,
+    # unless these name clip_oracle_reward
+    env_options: tuple = ()
     agent_config: DQfDConfig = DQfDConfig()
     replay: ReplayConfig = ReplayConfig()
     reward_model: EnsembleConfig = EnsembleConfig(
@@ -213,6 +233,8 @@ class IbarzConfig:
     )
     reward_dropout: float = 0.2  # A.3: per-channel dropout "with α = 0.8" (keep probability)
     teacher: SyntheticTeacher = SyntheticTeacher()
+    label_source: str = "synthetic"  # "synthetic" (the oracle above) or "human" (people, between iterations)
+    wait_for_labels: bool = True  # human: each batch answered before training goes on; off: on with r̂ as it is
     frozen_reward: str | None = None  # a finished run's directory: its reward model, fixed
     model_reward_samples: int = 4096  # steps per iteration scored for the model-vs-true reward curves
     keep_checkpoints: int = 2
@@ -266,11 +288,12 @@ class IbarzConfig:
 
     def env_kwargs(self) -> dict:
         """The environment wrapper's options: ``env_options``, or where none are set and the task
-        is not a pure-JAX one (Atari), Ibarz A.1's (``ATARI_OPTIONS``)."""
+        is not a pure-JAX one (Atari), Ibarz A.1's (``ATARI_OPTIONS``); on Atari the oracle judges
+        the unclipped game score (``IBARZ_ORACLE``) unless ``env_options`` says otherwise."""
         task = tasks.find(self.env)
-        if task is not None and task.backend != "gymnax" and not self.env_options:
-            return dict(ATARI_OPTIONS)
-        return dict(self.env_options)
+        if task is None or task.backend == "gymnax":
+            return dict(self.env_options)
+        return dict(IBARZ_ORACLE, **dict(self.env_options or ATARI_OPTIONS))
 
     @classmethod
     def paper(cls, task: str, labels: int | None = None, seed: int = 0, **options) -> IbarzConfig:

@@ -108,7 +108,8 @@ class PreferenceRun:
 
             return HumanTeacher(out, self.cfg.env, render_fields=getattr(self.env, "render_fields", ()),
                                 pair_shapes=pair_shapes(self.spec, self.seg_len),  # other pairs: skipped
-                                max_pending=self.cfg.max_pending_queries)
+                                max_pending=self.cfg.max_pending_queries,
+                                native_frames=getattr(self.env, "native_frames", None))  # Atari: colour clips
         return OracleTeacher(self.cfg.teacher)
 
     def _ask(self, teacher: Teacher, member_r, rollout, key, n: int, env_steps: int) -> int:

@@ -7,13 +7,21 @@ Christiano et al. 2017, appendix A, and Ibarz et al. 2018, appendix A.1:
 Atari
   84×84 grayscale, frame skip 4 with max-pooling over the last two frames, a stack of 4 (given
   to the agent channel-last, ``[84, 84, 4]``), 0–30 no-ops at reset (``noop_max=90`` for
-  Ibarz), no sticky actions, minimal or full (``full_action_space=True``, Ibarz) action set.
+  Ibarz), no sticky actions, minimal or full (``full_action_space=True``, Ibarz) action set, and
+  no FIRE pressed at reset (``use_fire_reset=False``: not among Mnih et al.'s wrappers that both
+  papers cite; the policy launches the ball itself).
   The score area (and BeamRider's enemy-ship count, Enduro's speedometer) is black in every
   frame the agent or a person sees (``atari_masks``).  Life loss and game over are never sent
   to the agent: ``boundary`` is always False and the emulator resets silently.  For the
   synthetic oracle, ``true_reward`` = the game reward (clipped to [-1, 1] when
-  ``clip_oracle_reward``) plus ``terminal_penalty`` on the step the game ends — in every game
+  ``clip_oracle_reward``: Christiano A.2; Ibarz's oracle compares the real score,
+  ``config.IBARZ_ORACLE``) plus ``terminal_penalty`` on the step the game ends — in every game
   but Pong, whose penalty is 0.
+  People see native colour (``render.atari``): a run labeled by people passes
+  ``native_frames``, a ``render.atari.NativeFrames`` ring, and the wrapper hands it envpool's
+  ``render()`` (the emulator's 210×160 RGB screen) after reset and after every step, through one
+  ordered ``io_callback``; each step's ``render`` columns then name the frame the agent acted
+  on.  Without it (the agent's own and the synthetic oracle's runs) none of this is compiled in.
 
 MuJoCo (Christiano A.1)
   Control costs are removed (``ctrl_cost_weight=0``); nothing else of the task's reward is
@@ -125,13 +133,19 @@ class EnvpoolVecEnv:
             opts = dict(
                 noop_max=int(overrides.pop("noop_max", 30)),  # Christiano A.2; Ibarz A.1: 90
                 full_action_space=bool(overrides.pop("full_action_space", False)),  # Ibarz: all 18
-                clip_oracle_reward=bool(overrides.pop("clip_oracle_reward", True)),  # A.2 clips to [-1, 1]
+                # A.2 clips to [-1, 1]; Ibarz's runs pass False (config.IBARZ_ORACLE)
+                clip_oracle_reward=bool(overrides.pop("clip_oracle_reward", True)),
                 terminal_penalty=float(overrides.pop("terminal_penalty", entry.terminal_penalty)),
                 segment_length=int(overrides.pop("segment_length", entry.segment_length)),
                 reward_std=float(overrides.pop("reward_std", entry.reward_std)),
             )
+            # people's clips: a render.atari.NativeFrames ring for the emulator's colour frames (runs
+            # labeled by people); None: none kept, no render mode, no callback
+            self.native_frames = overrides.pop("native_frames", None)
             if overrides:
                 raise ValueError(f"Unknown Atari options {sorted(overrides)}")
+            if self.native_frames is not None and self.native_frames.num_envs != self.num_envs:
+                raise ValueError(f"native_frames holds {self.native_frames.num_envs} environments, not {self.num_envs}")
             self.options = opts
             # every option the papers fix is set explicitly (envpool's defaults change between versions)
             self.envpool_id = entry.envpool_id
@@ -139,8 +153,10 @@ class EnvpoolVecEnv:
                 common, img_height=84, img_width=84, gray_scale=True, stack_num=4, frame_skip=4,
                 noop_max=opts["noop_max"], repeat_action_probability=0.0, episodic_life=False,
                 zero_discount_on_life_loss=False, reward_clip=False, full_action_space=opts["full_action_space"],
-                use_fire_reset=True, max_episode_steps=entry.horizon)
-            self.pool = envpool.make(self.envpool_id, **self.envpool_kwargs)
+                use_fire_reset=False, max_episode_steps=entry.horizon)
+            # render() returns the emulator's screen; the observations are the same with it or without
+            render_mode = {} if self.native_frames is None else dict(render_mode="rgb_array")
+            self.pool = envpool.make(self.envpool_id, **self.envpool_kwargs, **render_mode)
             n_act = int(self.pool.action_space.n)
             from rlhp_jax import atari_masks
 
@@ -150,7 +166,7 @@ class EnvpoolVecEnv:
                                 action_low=None, action_high=None, horizon=entry.horizon,
                                 terminal_penalty=opts["terminal_penalty"], segment_length=opts["segment_length"],
                                 reward_std=opts["reward_std"], on_terminate=entry.on_terminate)
-            self.render_fields: tuple[str, ...] = ()
+            self.render_fields: tuple[str, ...] = tuple(self.native_frames.FIELDS) if self.native_frames else ()
             self.backend = "xla" if backend == "auto" else backend
         else:
             penalty = float(overrides.pop("terminal_penalty", entry.terminal_penalty))
@@ -170,6 +186,7 @@ class EnvpoolVecEnv:
                                 reward_std=entry.reward_std, on_terminate=entry.on_terminate)
             self.render_fields = entry.mujoco.root_info
             self.score_mask = None
+            self.native_frames = None  # (colour frames for people's clips: Atari only)
             self.backend = "xla" if backend == "auto" else backend
         if self.backend == "xla":
             # envpool computes the custom call's output types when xla() is called; under JAX's
@@ -182,6 +199,12 @@ class EnvpoolVecEnv:
         self._env_ids = np.arange(self.num_envs, dtype=np.int32)
 
     # ------------------------------------------------------------------ raw envpool -> StepOut
+    @property
+    def _info_fields(self) -> tuple[str, ...]:
+        """The render columns read from envpool's info: MuJoCo's root position (Atari's come from
+        ``native_frames``, see ``step``)."""
+        return self.render_fields if self.domain == "mujoco" else ()
+
     def _obs(self, obs):
         """Agent observation: Atari [N, 4, 84, 84] -> masked, channel-last [N, 84, 84, 4]."""
         if self.domain == "atari":
@@ -207,8 +230,8 @@ class EnvpoolVecEnv:
             true_reward = rew + jnp.where(out, self.spec.terminal_penalty, 0.0)
             was_out = out
             boundary = trunc & ~term
-        render = (jnp.stack([jnp.asarray(info[f], jnp.float32) for f in self.render_fields], -1)
-                  if self.render_fields else jnp.zeros((self.num_envs, 0), jnp.float32))
+        render = (jnp.stack([jnp.asarray(info[f], jnp.float32) for f in self._info_fields], -1)
+                  if self._info_fields else jnp.zeros((self.num_envs, 0), jnp.float32))
         out = StepOut(obs=obs, true_reward=jnp.where(valid, true_reward, 0.0), terminated=terminated & valid,
                       boundary=boundary & valid, raw_reward=rew, valid=valid, render=render)
         return out, was_out
@@ -220,7 +243,7 @@ class EnvpoolVecEnv:
             action = action.astype(np.float64)
         obs, rew, term, trunc, info = self.pool.step(action, self._env_ids)
         fields = dict(elapsed_step=np.asarray(info["elapsed_step"], np.int32))
-        for f in self.render_fields:
+        for f in self._info_fields:
             fields[f] = np.asarray(info[f], np.float32)
         obs = np.asarray(obs, np.uint8 if self.domain == "atari" else np.float32)
         return obs, np.asarray(rew, np.float32), np.asarray(term, bool), np.asarray(trunc, bool), fields
@@ -229,7 +252,7 @@ class EnvpoolVecEnv:
         n = self.num_envs
         obs = jax.ShapeDtypeStruct((n, *self._raw_obs_shape()), jnp.uint8 if self.domain == "atari" else jnp.float32)
         vec = lambda dt: jax.ShapeDtypeStruct((n,), dt)
-        info = dict(elapsed_step=vec(jnp.int32), **{f: vec(jnp.float32) for f in self.render_fields})
+        info = dict(elapsed_step=vec(jnp.int32), **{f: vec(jnp.float32) for f in self._info_fields})
         return (obs, vec(jnp.float32), vec(jnp.bool_), vec(jnp.bool_), info)
 
     def _raw_obs_shape(self):
@@ -240,6 +263,8 @@ class EnvpoolVecEnv:
         """Reset every environment (host side, outside jit). The key is unused: envpool seeds
         itself from ``seed`` at construction."""
         obs, _ = self.pool.reset(self._env_ids)
+        if self.native_frames is not None:
+            self.native_frames.after_reset(self.pool.render(self._env_ids))
         token = self.xla_ops[0] if self.backend == "xla" else jnp.zeros((), jnp.int32)
         state = EnvpoolState(token=jnp.asarray(token), was_out=jnp.zeros(self.num_envs, bool))
         return state, self._obs(np.asarray(obs, np.float32) if self.domain == "mujoco" else obs)
@@ -260,7 +285,17 @@ class EnvpoolVecEnv:
             token = state.token + 1
         obs, rew, term, trunc, info = raw
         out, was_out = self._convert(state.was_out, obs, rew, term, trunc, info)
+        if self.native_frames is not None:  # people's clips: the emulator's colour frame, kept on the host
+            frame = jax.experimental.io_callback(self._keep_native_frames, jax.ShapeDtypeStruct((), jnp.int32),
+                                                 rew, ordered=True)
+            token, frame = jax.lax.optimization_barrier((token, frame))  # the next step waits for it
+            out = out._replace(render=self.native_frames.columns(frame, jnp))
         return EnvpoolState(token=token, was_out=was_out), out
+
+    def _keep_native_frames(self, _after):
+        """Host side, after a step (``_after``, one of its outputs, orders it so): keep the frames
+        the emulators show now; returns the id of the frames the step acted on."""
+        return self.native_frames.after_step(self.pool.render(self._env_ids))
 
     @property
     def fps(self) -> float:

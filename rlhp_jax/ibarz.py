@@ -19,13 +19,35 @@ preferences), ``no_demos`` (DQN from preferences), ``demos+prefs`` and
 ``demos+prefs+autolabels``.  ``frozen_reward`` trains a fresh agent on a finished run's reward
 model, held fixed and never relabeled (the reward-hacking experiment of §3.2).
 
+**Who labels** (``label_source``): the synthetic oracle, which answers at once, or people
+(``"human"``), as in Ibarz's *human* runs, whose labels came in batches between iterations
+(A.4: "about every 6 hours, corresponding to about 12 iterations").  Both are a
+``teachers.Teacher`` and take one code path: at each labeling point the clips are posed
+(``ask``), the answers that have arrived are added (``collect``), and the labels due less those
+answered or still awaited are posed anew, so a pair is never posed twice.  People get the pairs
+through ``human.teacher.HumanTeacher``, the same queue, clips and labeling page as Christiano's
+human runs (on Atari the agent's 84×84 frames: native colour would need a ring of every frame
+of an iteration).  The initial batch is always awaited (the reward model is first trained on
+it); then ``wait_for_labels`` chooses: each iteration's batch is awaited before the reward model
+is trained and the next iteration starts, or training goes on with r̂ as it is and the answers
+are used after whichever iteration they arrive in.  While it waits the run says so every
+``WAIT_LOG_S`` seconds, and the page shows the labels due.  Autolabels need no one: each clip of
+each initial pair is labeled worse than a demo clip whoever labels the pairs.
+
 Acting and learning are one host loop over two compiled functions (act+step, and
 sample→r̂→update), because the replay buffer lives in host memory (see ``replay``).  Checkpoints
 (orbax) are written after each stage and each iteration and hold the agent, the reward model, the
 annotation buffer, the replay buffer, the RNG states and the counters; a run killed at any moment
 continues from the last one with no label lost (one killed before its first checkpoint starts again
-from its config.json: ``runs.continues_from_checkpoint``).  The iterations are whole: ``total_steps``
+from its config.json: ``runs.continues_from_checkpoint``).  A checkpoint also holds the teacher's
+``meta`` (people: the id of the last answer used), so each answer is used exactly once: answers
+given after the checkpoint, or while the run was down, are read on resuming, and pairs posed after
+it stay posed (answered or open) and are not posed again.  The iterations are whole: ``total_steps``
 is rounded up to them, and the run says so (``steps_note``, ``requested_steps`` in the summary).
+
+ε (A.3: annealed "during the first 1e5 actor steps") counts the actor steps of the iterations
+only: the initial trajectories (Algorithm 1's step 3, before any learning) are run at the
+schedule's first ε and do not advance it.
 """
 
 from __future__ import annotations
@@ -55,13 +77,15 @@ from rlhp_jax.metrics import (finite_or_none, nanmean_or_none, plot_ibarz_run,
 from rlhp_jax.preferences import bradley_terry_loss, label_entropy_bound, segment_returns
 from rlhp_jax.replay import PrioritizedReplay
 from rlhp_jax.reward_models import reward_model_spec_for
-from rlhp_jax.schedules import label_schedule
-from rlhp_jax.teachers import OracleTeacher
+from rlhp_jax.schedules import initial_rollout_steps, label_schedule
+from rlhp_jax.teachers import OracleTeacher, Teacher
 
 # stages of the protocol; a checkpoint's step number is the stage it completed
 BC, INITIAL, RM_PRETRAIN, SECOND_PRETRAIN = 1, 2, 3, 4
 FIRST_ITERATION = 5
 LABEL_BATCH = 512  # pairs labeled and added in one compiled call (Atari clips: 512 × 2 × 25 frames)
+WAIT_LOG_S = 15.0  # while waiting for people: seconds between progress lines
+WAIT_POLL_S = 0.5  # ... and between looks at the label store
 
 
 class IbarzRun:
@@ -81,6 +105,14 @@ class IbarzRun:
             raise ValueError(f"DQfD needs discrete actions; {spec.name} is continuous. "
                              "Use python -m experiments.mujoco (TRPO) for it.")
         self.fmt = frame_format(self.env)
+        self.label_source = getattr(cfg, "label_source", "synthetic")
+        self.wait_for_labels = getattr(cfg, "wait_for_labels", True)
+        if self.label_source not in ("synthetic", "human"):
+            raise ValueError(f"label_source must be 'synthetic' or 'human', got {self.label_source!r}")
+        if self.label_source == "human" and not cfg.learns_rewards:
+            raise ValueError("--teacher human: this run asks for no labels (" + (
+                "its reward model is frozen" if cfg.frozen_reward is not None else f"the {cfg.setup} setup")
+                + "); drop --teacher human.")
         agent_cfg = cfg.agent_config
         if cfg.setup == "imitation":  # no reward: the supervised margin loss alone
             agent_cfg = dataclasses.replace(agent_cfg, td_weight=0.0)
@@ -102,7 +134,7 @@ class IbarzRun:
         if self.autolabel_count and self.demos.segment_starts(cfg.segment_length).size == 0:
             raise DemoError(f"autolabels need demo clips of {cfg.segment_length} steps, and no demo episode is "
                             f"that long (longest: {int(self.demos.episode_lengths.max())} steps)")
-        self.initial_steps = cfg.initial_steps or 2 * self.initial * cfg.segment_length
+        self.initial_steps = cfg.initial_steps or initial_rollout_steps(self.initial, cfg.segment_length)
         self.initial_steps = max(self.initial_steps, cfg.segment_length + cfg.replay.n_step + 1) \
             if cfg.learns_rewards else 0
         self.can_save_env = hasattr(self.env, "episodic_reset")  # pure-JAX envs: their state is a pytree
@@ -139,12 +171,19 @@ class IbarzRun:
             metrics["reward_mean"] = jnp.mean(rewards)
             return agent_state, metrics, td_abs
 
+        def td_error(agent_state, rm_state, batch):
+            """|δ| [B] of transitions as they are added to the replay buffer (its priorities, A.3)."""
+            if stack_first:
+                batch = dict(batch, obs=jnp.moveaxis(batch["obs"], 2, -1))
+            rewards = rewards_of(rm_state, batch["obs"][:, :n], batch["action"][:, :n])
+            return agent.loss(agent_state.params, agent_state.target_params, batch, rewards)[1][1]
+
         self.act_step = jax.jit(act_step)
         self._learn = jax.jit(learn)
+        self._td_error = jax.jit(td_error)
         self.rewards = jax.jit(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
         self._fit = rm.fitter()
         self._evaluate_rm = jax.jit(rm.evaluate)
-        self.teacher = OracleTeacher(cfg.teacher)
         self._add = jax.jit(labels_lib.add_labels)
         def loss_and_bound(rm_state, buf):
             """The model's loss on every label in the buffer (inference mode) and the lowest loss
@@ -193,7 +232,7 @@ class IbarzRun:
         demo_only = cfg.setup == "imitation"
         for _ in range(math.ceil(num_steps / n_env)):
             self.key, k = jax.random.split(self.key)
-            eps = agent.epsilon(self.actor_steps)
+            eps = self._epsilon()
             obs_before = self.obs
             self.env_state, action, out = self.act_step(self.agent_state.params, self.env_state, self.obs, k, eps)
             obs_np = np.asarray(obs_before)
@@ -219,10 +258,80 @@ class IbarzRun:
                 on_step(n_env)
         return scores
 
-    def _label_recent(self, since: np.ndarray, num: int, key) -> tuple[int, labels_lib.SegmentPairs | None]:
-        """Label ``num`` uniformly chosen clip pairs from the steps written since ``since``."""
+    def _epsilon(self):
+        """ε of the next actor step: A.3's schedule over the actor steps of the iterations (the
+        initial trajectories, before learning starts, do not count: module docstring)."""
+        return self.agent.epsilon(self.iteration_actor_steps)
+
+    # ------------------------------------------------------------------ labels
+    def _make_teacher(self, out: Path) -> Teacher:
+        if self.label_source == "human":
+            from rlhp_jax.human.teacher import HumanTeacher, pair_shapes
+
+            return HumanTeacher(out, self.cfg.env, render_fields=getattr(self.env, "render_fields", ()),
+                                pair_shapes=pair_shapes(self.spec, self.cfg.segment_length))  # other pairs: skipped
+        return OracleTeacher(self.cfg.teacher)
+
+    def _collect(self, key) -> int:
+        """Add the answers that have arrived to the annotation buffer; returns the labels added
+        ("can't tell" and skipped pairs are answers, not labels)."""
+        added = 0
+        for a in self.teacher.collect(key):
+            self.buffer = self._add(self.buffer, a.key, a.pairs, jnp.asarray(a.mu), jnp.asarray(a.mask))
+            added += int(np.asarray(a.mask).sum())
+        self.answered += added
+        return added
+
+    def _outstanding(self, key) -> int:
+        """The pairs posed so far that are answered or awaited, after adding the answers that have
+        arrived: what of the labels due is already asked for.  Open pairs are counted before the
+        answers are read, so an answer recorded in between counts twice, never not at once: no
+        pair is posed twice (people: neither are those a killed attempt posed after the
+        checkpoint, which are in the label store)."""
+        pending = self.teacher.pending()
+        self._collect(key)
+        outstanding = self.teacher.responses + pending
+        self.asked = max(self.asked, outstanding)
+        return outstanding
+
+    def _await_answers(self, what: str, due: int, key) -> float:
+        """People: wait until every pair posed is answered, adding the answers as they come and
+        saying how it goes every ``WAIT_LOG_S`` seconds; returns the seconds waited (the oracle: 0)."""
+        if not self.teacher.asynchronous:
+            return 0.0
+        t0, last_log, looks = time.perf_counter(), -math.inf, 0
+        while True:
+            looks += 1
+            open_ = self._outstanding(jax.random.fold_in(key, looks)) - self.teacher.responses
+            if open_ <= 0:
+                return time.perf_counter() - t0
+            if time.monotonic() - last_log >= WAIT_LOG_S:
+                self._publish(due, f"waiting for the labels of {what}")
+                self.log(f"waiting for people: {open_} pairs of {what} unanswered ({self.teacher.responses} of "
+                         f"{due} labels due answered, {time.perf_counter() - t0:.0f} s waited)")
+                last_log = time.monotonic()
+            time.sleep(WAIT_POLL_S)
+
+    def _publish(self, due: int, state: str) -> None:
+        """What the labeling page shows of the run (people only)."""
+        if self.teacher.asynchronous:
+            self.teacher.publish(labels_due=due, responses=self.teacher.responses, env_steps=self.actor_steps,
+                                 total_steps=self.initial_steps + self.total_steps, state=state)
+
+    def _label_row(self) -> dict:
+        """People: the label columns of a metrics row (answers used, pairs open, "can't tell")."""
+        if not self.teacher.asynchronous:
+            return {}
+        return dict(label_responses=self.teacher.responses, labels_pending=self.teacher.pending(),
+                    label_cant_tell=self.teacher.responses - self.answered)
+
+    def _label_recent(self, since: np.ndarray, num: int, key, posed: int = 0) -> labels_lib.SegmentPairs | None:
+        """Pose ``num`` uniformly chosen clip pairs from the steps written since ``since`` to the
+        teacher, all but the first ``posed`` (posed already, by a killed attempt of this stage:
+        people's answers to those are in the label store).  The answers that arrive are added;
+        returns the first chunk of pairs chosen (the autolabels' initial clips)."""
         if num <= 0:
-            return 0, None
+            return None
         starts = self.replay.recent_segment_starts(since, self.cfg.segment_length)
         pool = [(lane, s) for lane, st in enumerate(starts) for s in st]
         if not pool:
@@ -230,7 +339,7 @@ class IbarzRun:
             return 0, None
         lanes = np.array([p[0] for p in pool])
         steps = np.array([p[1] for p in pool])
-        answered, first = 0, None
+        first, done = None, 0
         remaining = num
         while remaining > 0:
             q = min(bucket(remaining), LABEL_BATCH)
@@ -242,16 +351,17 @@ class IbarzRun:
                 action=jnp.asarray(clips["action"].reshape(q, 2, -1)),
                 true_reward=jnp.asarray(clips["true_reward"].reshape(q, 2, -1)))
             key, k_t, k_a = jax.random.split(key, 3)
-            self.teacher.ask(pairs, None, take, (k_t, k_a), self.actor_steps)
-            for a in self.teacher.collect(k_a):
-                self.buffer = self._add(self.buffer, a.key, a.pairs, a.mu, a.mask)
-                answered += int(np.asarray(a.mask).sum())
+            skip = min(take, max(0, posed - done))
+            if skip < take:
+                new = pairs if skip == 0 else jax.tree.map(lambda x: x[skip:], pairs)
+                self.teacher.ask(new, None, take - skip, (k_t, k_a), self.actor_steps)
+                self._collect(k_a)
+                self.asked += take - skip
             if first is None:
                 first = jax.tree.map(lambda x: np.asarray(x[:take]), pairs)
-            self.asked += take
+            done += take
             remaining -= take
-        self.answered += answered
-        return answered, first
+        return first
 
     def _add_autolabels(self, initial_pairs: labels_lib.SegmentPairs, key) -> int:
         """Ibarz §2.5: each clip of each initial pair against a random demo clip, the demo preferred."""
@@ -268,6 +378,7 @@ class IbarzRun:
     def _fit_rm(self, num: int, key) -> dict:
         if num <= 0 or not self.cfg.learns_rewards:
             return {}
+        self.replay.score_unscored()  # the transitions added since the last draw: scored with the r̂ they came under
         self.rm_state, m = self._fit(self.rm_state, self.buffer, key, num)
         ev = self._evaluate_rm(self.rm_state, self.buffer)
         loss, bound = self._loss_and_bound(self.rm_state, self.buffer)
@@ -316,7 +427,8 @@ class IbarzRun:
                     iteration_actor_steps=self.iteration_actor_steps,
                     queries=self.asked, labels=self.answered, autolabels=self.autolabels_added,
                     episode_sums=self.episode_sums.tolist(), rng=self.rng.bit_generator.state,
-                    since=self.since.tolist(), wall_s=self.wall_before + time.perf_counter() - self.t_start)
+                    since=self.since.tolist(), wall_s=self.wall_before + time.perf_counter() - self.t_start,
+                    **self.teacher.meta())
 
     def _save(self, stage: int):
         meta = self._meta(stage)
@@ -362,8 +474,11 @@ class IbarzRun:
         self.rng = np.random.default_rng(cfg.seed)
         capacity = max(1, (cfg.labels + self.autolabel_count) if cfg.learns_rewards else 1)
         self.buffer = self.rm.empty_buffer(capacity, cfg.segment_length)
+        # a transition's first priority is its TD error under the networks of the moment it is added (A.3)
         self.replay = PrioritizedReplay(cfg.replay, self.spec.obs_shape, self.fmt.stack, self.fmt.obs_dtype,
-                                        self.demos, lanes=self.env.num_envs)
+                                        self.demos, lanes=self.env.num_envs,
+                                        td_error=lambda b: self._td_error(self.agent_state, self.rm_state, b),
+                                        td_batch=self.agent.config.batch_size, td_stack_last=False)
         self.actor_steps = self.learn_steps_done = self.asked = self.answered = self.autolabels_added = 0
         self.iteration_actor_steps = 0  # actor steps of the iterations (learning happens every 4 of them)
         self.episode_sums = np.zeros(self.env.num_envs)
@@ -392,6 +507,9 @@ class IbarzRun:
             self.since = np.asarray(meta["since"], np.int64)
             self.wall_before = float(meta["wall_s"])
             self.log(f"resuming {out} after stage {stage} ({self.answered} labels, {self.actor_steps} actor steps)")
+        self.teacher = self._make_teacher(out)
+        if restoring:
+            self.teacher.restore(meta)
         # TensorBoard hides what a killed attempt logged after the checkpoint (from the start: everything)
         writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume, keep_row=lambda r: r["stage"] <= stage,
                               purge_step=self.actor_steps + 1 if restoring else 0)
@@ -422,10 +540,17 @@ class IbarzRun:
                 since = self.replay.steps.copy()
                 scores = self._act(self.initial_steps, learn=False, history=[])
                 self.key, k_l, k_auto = jax.random.split(self.key, 3)
-                got, pairs = self._label_recent(since, self.initial, k_l)
+                posed = self._outstanding(jax.random.fold_in(k_l, 1))  # people: a killed attempt's pairs
+                if posed:
+                    self.log(f"reusing {self.teacher.responses} answers and {posed - self.teacher.responses} open "
+                             f"pairs already in {out}")
+                pairs = self._label_recent(since, self.initial, k_l, posed=posed)
+                waited = self._await_answers("the initial trajectories", self.initial, jax.random.fold_in(k_l, 2))
+                self._publish(self.initial, "training")
                 if self.autolabel_count and pairs is not None:
                     self._add_autolabels(pairs, k_auto)
-                row = dict(initial_labels=got, episode_return=float(np.mean(scores)) if scores else None)
+                row = dict(initial_labels=self.answered, episode_return=float(np.mean(scores)) if scores else None,
+                           **self._label_row(), **(dict(time_wait_s=waited) if self.teacher.asynchronous else {}))
             record(INITIAL, dict(phase="initial", **row))
         # 7: the reward model on the initial labels
         if stage < RM_PRETRAIN:
@@ -454,13 +579,19 @@ class IbarzRun:
             t1 = time.perf_counter()
             row = dict(phase="iteration", iteration=it, episodes=len(scores),
                        episode_return=float(np.mean(scores)) if scores else None,
-                       epsilon=float(self.agent.epsilon(self.actor_steps)), **_prefixed(_mean_metrics(history)))
+                       epsilon=float(self._epsilon()), **_prefixed(_mean_metrics(history)))
             row.update(self._model_vs_true(since))
             self.key, k_l, k_fit = jax.random.split(self.key, 3)
             if cfg.learns_rewards:
                 due = int(self.schedule.due(it * cfg.iteration_steps))
-                self._label_recent(since, due - self.asked, k_l)
+                self._label_recent(since, due - self._outstanding(jax.random.fold_in(k_l, 1)), k_l)
                 row["labels_due"] = due
+                if self.wait_for_labels:
+                    waited = self._await_answers(f"iteration {it}", due, jax.random.fold_in(k_l, 2))
+                    if self.teacher.asynchronous:
+                        row["time_wait_s"] = waited
+                self._publish(due, "training")
+                row.update(self._label_row())
             t2 = time.perf_counter()
             row.update(self._fit_rm(cfg.rm_batches_per_iteration, k_fit))
             t3 = time.perf_counter()
@@ -471,6 +602,8 @@ class IbarzRun:
                 bar.set_postfix(score=f"{row['episode_return']:.1f}", labels=self.answered)
         if bar is not None:
             bar.close()
+        self.teacher.close()
+        self._publish(cfg.labels, "finished")
         writer.close()
         tb.close()
         return self._summary(read_jsonl(out / "metrics.jsonl"))

@@ -6,7 +6,8 @@ and exposes the steps of Christiano et al. 2017, §2.2 as pure, jit-friendly fun
 run's state, a :class:`TrainState` pytree:
 
     fresh(key)                                   new agent, ensemble, environments, empty label set
-    initial_rollout(state)                       the untrained policy's clips (Christiano A)
+    initial_rollout(state)                       the untrained policy's clips (Christiano A): one
+                                                 iteration's rollout, or ``initial_blocks`` of them
     step_keys(key)                               one iteration's keys (module function)
     act(state, key)                              act on r̂ and update ``updates_per_iter`` times
                                                  (``iteration``: one ``lax.scan``)
@@ -17,6 +18,7 @@ run's state, a :class:`TrainState` pytree:
     progress_metrics(it, state, rollout, ...)    the columns every metrics row has
     correlation, fall_diagnostics                diagnostics of r̂ against the true reward
     reward_scale(key)                            the RL baseline's (shift, scale) of the true reward
+    baseline_rewards(rollout, scale)             the reward the RL baseline trains on
 
 Each iteration is: ``step_keys`` → ``act`` → the labels due (``chunk_keys`` per chunk of
 queries: candidates → teacher → ``labels.add_labels``) → the ensemble's fit → diagnostics and
@@ -34,7 +36,18 @@ scale the member was trained at, not squashed or stretched by the agent's normal
 
 The RL baseline (``reward_source="true"``) trains on the task's true reward, as it is
 (``baseline_reward="raw"``: the MuJoCo preset, A.1's modified task) or shifted and scaled by a
-uniformly random policy's mean and std (``"normalized"``, the default for the classic tasks).
+uniformly random policy's mean and std (``"normalized"``, the default for the classic tasks), or
+on the game's own reward clipped to [−1, 1] with no game-over penalty (``"clipped_game"``: the
+Atari preset, A.2's A2C on Mnih et al.'s wrappers; the penalty is the oracle's, appendix A).
+
+The first labels are asked about one iteration's worth of the untrained policy's acting, or, with
+``distinct_initial_clips`` (the Atari preset), about ``initial_blocks`` such rollouts laid end to
+end in one scan: enough steps for every candidate pair's clips to fit without overlap
+(``schedules.initial_rollout_steps``), at most ``MAX_INITIAL_STEPS``.  One iteration of A2C on
+Atari is 16 × 250 steps from reset, too few and too alike for A.2's 5,000 candidate pairs.
+
+The label set keeps the last ``label_capacity`` labels (A.2: 3,000), never fewer than the labels
+asked before RL: the ``no_online_queries`` ablation asks its whole budget up front and keeps it.
 
 A run takes whole iterations of ``steps_per_iter`` environment steps, at least one: ``total_steps``
 is rounded down to them, and ``steps_note`` says so when that changes the number.
@@ -60,15 +73,20 @@ from rlhp_jax.labels import bucket
 from rlhp_jax import queries
 from rlhp_jax.agents.common import random_reward_stats
 from rlhp_jax.ensemble import RewardEnsemble
+from rlhp_jax import tasks
 from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import segment_return_correlation
 from rlhp_jax.preferences import preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.rollout import collect_rollout
 from rlhp_jax.core import Rollout, clip_action, episode_ends, loop_body_is_slow
-from rlhp_jax.schedules import label_schedule
+from rlhp_jax.schedules import initial_rollout_steps, label_schedule
 
 MAX_QUERY_CHUNK = 1024  # pairs selected and labeled in one compiled call
+# environment steps of the untrained policy's first rollout with distinct_initial_clips, at most: 300,000
+# Atari steps are 8.5 GB of frames (84 × 84 × 4 bytes each).  A.2's 500 first labels need 250,000; the
+# no_online_queries ablation's 5,500 would need 2,750,000 (78 GB) and gets this many
+MAX_INITIAL_STEPS = 300_000
 FALL_PROBE_PAIRS = 64  # pairs the fall diagnostics select (from 10x as many candidates) per iteration
 
 
@@ -155,19 +173,37 @@ def finished_episodes(sums, raw_reward, ends, valid):
     return jax.lax.scan(step, init, (raw, jnp.asarray(ends, bool)))[0]
 
 
+def end_to_end(rollouts: Rollout, member_r):
+    """K consecutive rollouts stacked by a scan (fields ``[K, T, N, ...]``, member rewards
+    ``[K, M, T, N]``) as one: ``[K·T, N, ...]`` and ``[M, K·T, N]``, the last rollout's
+    ``last_obs`` and ``last_value``."""
+    cat = lambda x: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+    rollout = rollouts._replace(**{f: cat(getattr(rollouts, f)) for f in Rollout._fields
+                                   if f not in ("last_obs", "last_value")},
+                                last_obs=rollouts.last_obs[-1], last_value=rollouts.last_value[-1])
+    member_r = jnp.moveaxis(member_r, 1, 0)
+    member_r = member_r.reshape(member_r.shape[0], member_r.shape[1] * member_r.shape[2], *member_r.shape[3:])
+    return rollout, member_r
+
+
 class RunParts:
     """The components and pure steps of a run of ``config`` (a ``config.RunConfig``)."""
 
     def __init__(self, config):
         self.cfg = config
         agent_cfg = config.agent_config or agents_lib.default_config(config.agent, config.env)
-        self.env = make_env(config.env, agent_cfg.num_envs, **dict(config.env_options))  # raises on unknown names
-        self.spec = self.env.spec
-        agents_lib.check_compatible(config.agent, self.spec)
-        self.seg_len = config.segment_length or self.spec.segment_length
         self.updates_per_iter = max(1, math.ceil(config.iteration_steps / agent_cfg.batch_size))
         self.steps_per_iter = self.updates_per_iter * agent_cfg.batch_size
         self.rollout_len = self.updates_per_iter * agent_cfg.num_steps
+        env_options = dict(config.env_options)
+        if self.shows_native_frames(config):  # people see Atari clips in colour (render.atari)
+            from rlhp_jax.render.atari import NativeFrames
+
+            env_options.setdefault("native_frames", NativeFrames(agent_cfg.num_envs, self.rollout_len + 1))
+        self.env = make_env(config.env, agent_cfg.num_envs, **env_options)  # raises on unknown names
+        self.spec = self.env.spec
+        agents_lib.check_compatible(config.agent, self.spec)
+        self.seg_len = config.segment_length or self.spec.segment_length
         if self.seg_len > self.rollout_len:
             raise ValueError(f"segment_length {self.seg_len} exceeds the steps per environment in one iteration "
                              f"({self.rollout_len}); raise iteration_steps")
@@ -184,7 +220,7 @@ class RunParts:
                 config.labels, self.num_iters * self.steps_per_iter,
                 initial_fraction=None if config.initial_label_count is not None else config.initial_label_fraction,
                 initial_count=config.initial_label_count, rate_constant=config.rate_constant,
-                budget_steps=config.label_horizon)
+                budget_steps=config.label_horizon, rate_step=config.rate_step)
         if config.fit_steps is not None:
             self.fit_steps = int(config.fit_steps)
         else:
@@ -195,7 +231,18 @@ class RunParts:
             # None: the fit an asynchronous predictor does while the first batch is collected, so the first
             # update is not scored by an untrained network (every later one lags by the same one iteration)
             self.pretrain_steps = self.fit_steps if config.pretrain_steps is None else int(config.pretrain_steps)
-        self.label_capacity = min(config.label_capacity or config.labels, config.labels)  # never more than labels
+        # the last label_capacity labels, never fewer than those asked before RL (no_online_queries: all of
+        # them), never more than the budget
+        capacity = config.label_capacity or config.labels
+        if self.learn:
+            capacity = max(capacity, self.schedule.initial)
+        self.label_capacity = min(capacity, config.labels)
+        # the first rollout: one iteration's, or as many as hold every candidate's clips apart (module docstring)
+        self.initial_blocks = 1
+        if self.learn and config.distinct_initial_clips and not self.shows_native_frames(config):
+            block = self.rollout_len * self.env.num_envs
+            wanted = initial_rollout_steps(self.schedule.initial * config.candidate_factor, self.seg_len)
+            self.initial_blocks = max(1, min(math.ceil(wanted / block), MAX_INITIAL_STEPS // block))
         self.can_evaluate = hasattr(self.env, "episodic_reset")
         # a CNN policy on CPU (core.loop_body_is_slow): the driver runs an iteration's updates as a host loop
         network = getattr(getattr(self.agent, "pi", None), "network", "")
@@ -217,11 +264,24 @@ class RunParts:
                           queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
                           episode_sums=jnp.zeros((self.env.num_envs,), jnp.float32))
 
+    @staticmethod
+    def shows_native_frames(config) -> bool:
+        """People label an Atari run: the environments keep the emulator's colour frames of the last
+        rollout (a ``render.atari.NativeFrames`` ring of ``rollout_len + 1`` steps, 405 MB at 16 × 250)
+        for their clips.  The first labels are then asked about one iteration's rollout, as before
+        ``distinct_initial_clips``: a ring for ``initial_blocks`` of them would not fit in memory."""
+        task = tasks.find(config.env)
+        return config.label_source == "human" and config.reward_source == "model" and task is not None \
+            and task.backend == "atari"
+
     def initial_rollout(self, state: TrainState, rollout_only=None):
         """Christiano A: the first comparisons are of clips from the untrained policy.  Acts for an
-        iteration without updates (``rollout_only``: this object's, or a compiled stand-in);
-        returns (state, rollout, member rewards, (queries key, fit key))."""
+        iteration without updates (``rollout_only``: this object's, or a compiled stand-in), or for
+        ``initial_blocks`` iterations (``long_rollout``, compiled here); returns (state, rollout,
+        member rewards, (queries key, fit key))."""
         rollout_only = self.rollout_only if rollout_only is None else rollout_only
+        if self.initial_blocks > 1:
+            rollout_only = jax.jit(self.long_rollout)
         key, k_roll, k_q, k_fit = jax.random.split(state.key, 4)
         env_state, obs, rollout, member_r = rollout_only(state.agent, state.env_state, state.obs, state.ensemble,
                                                          k_roll)
@@ -262,12 +322,20 @@ class RunParts:
     # ------------------------------------------------------------------ acting
     def reward_scale(self, key):
         """(shift, scale) [2] the baseline's agent reward is ``(true_reward - shift) / scale`` with:
-        (0, 1) when learning from preferences or with ``baseline_reward="raw"``; else the mean and
-        std of the true reward under uniformly random actions (this steps the environments: call
-        it before their reset)."""
-        if self.learn or self.cfg.baseline_reward == "raw":
+        (0, 1) when learning from preferences or with ``baseline_reward`` "raw" or "clipped_game"
+        (which scales nothing); else the mean and std of the true reward under uniformly random
+        actions (this steps the environments: call it before their reset)."""
+        if self.learn or self.cfg.baseline_reward != "normalized":
             return jnp.asarray((0.0, 1.0), jnp.float32)
         return jnp.asarray(random_reward_stats(self.env, key), jnp.float32)
+
+    def baseline_rewards(self, rollout: Rollout, reward_scale):
+        """[T, N] the RL baseline's reward (``baseline_reward``): the true reward shifted and scaled
+        by ``reward_scale`` ("raw": by (0, 1)), or the game's own reward clipped to [-1, 1]
+        ("clipped_game"; 0 on steps that are no real transition)."""
+        if self.cfg.baseline_reward == "clipped_game":
+            return jnp.where(rollout.valid, jnp.clip(rollout.raw_reward, -1.0, 1.0), 0.0)
+        return (rollout.true_reward - reward_scale[0]) / reward_scale[1]
 
     def member_rewards(self, ens_state, rollout: Rollout):
         """[M, T, N] raw rewards of every member on a rollout (see the module docstring)."""
@@ -293,7 +361,7 @@ class RunParts:
             rewards = self.agent_rewards(ens_state, member_r)
         else:
             member_r = jnp.zeros((0, *rollout.true_reward.shape), jnp.float32)
-            rewards = (rollout.true_reward - reward_scale[0]) / reward_scale[1]
+            rewards = self.baseline_rewards(rollout, reward_scale)
         agent_state, metrics = agent.update(agent_state, rollout, rewards, k_upd)
         return (agent_state, env_state, obs, ens_state, reward_scale), (rollout, rewards, member_r, metrics)
 
@@ -307,13 +375,9 @@ class RunParts:
         member rewards [M, K·T, N], mean agent metrics)."""
         agent_state, env_state, obs, _, _ = carry
         ro, rewards, member_r, metrics = stacked
-        k, t = self.updates_per_iter, self.agent.config.num_steps
-        cat = lambda x: x.reshape(k * t, *x.shape[2:])
-        rollout = ro._replace(**{f: cat(getattr(ro, f)) for f in Rollout._fields if f not in ("last_obs", "last_value")},
-                              last_obs=ro.last_obs[-1], last_value=ro.last_value[-1])
-        member_r = jnp.moveaxis(member_r, 1, 0)
-        member_r = member_r.reshape(member_r.shape[0], k * t, *member_r.shape[3:])
-        return agent_state, env_state, obs, rollout, cat(rewards), member_r, jax.tree.map(jnp.mean, metrics)
+        rollout, member_r = end_to_end(ro, member_r)
+        rewards = rewards.reshape(rewards.shape[0] * rewards.shape[1], *rewards.shape[2:])
+        return agent_state, env_state, obs, rollout, rewards, member_r, jax.tree.map(jnp.mean, metrics)
 
     def iteration(self, agent_state, env_state, obs, ens_state, reward_scale, key):
         """``updates_per_iter`` agent updates in one ``lax.scan`` (see ``finish`` for the outputs)."""
@@ -325,6 +389,21 @@ class RunParts:
         env_state, obs, rollout = collect_rollout(self.env, self.agent.policy, agent_state.params, env_state, obs,
                                                   key, self.rollout_len)
         return env_state, obs, rollout, self.member_rewards(ens_state, rollout)
+
+    def long_rollout(self, agent_state, env_state, obs, ens_state, key):
+        """``initial_blocks`` iterations' worth of acting without updates, one ``rollout_only`` per
+        key split from ``key``, laid end to end: (env_state, obs, rollout [B·T, N], member rewards
+        [M, B·T, N]).  Member rewards are computed block by block (a CNN over 250,000 frames at once
+        would not fit)."""
+        def block(carry, k):
+            env_state, obs = carry
+            env_state, obs, rollout, member_r = self.rollout_only(agent_state, env_state, obs, ens_state, k)
+            return (env_state, obs), (rollout, member_r)
+
+        (env_state, obs), (rollout, member_r) = jax.lax.scan(block, (env_state, obs),
+                                                             jax.random.split(key, self.initial_blocks))
+        rollout, member_r = end_to_end(rollout, member_r)
+        return env_state, obs, rollout, member_r
 
     # ------------------------------------------------------------------ queries
     def candidates(self, member_r, rollout: Rollout, key, n_live, q: int):

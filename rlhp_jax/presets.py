@@ -33,12 +33,22 @@ from rlhp_jax.config_fields import field_default, with_changes
 # penalty are the environment's (tasks, atari_masks).
 ATARI = dict(
     initial_label_count=500,  # A.2: 500 comparisons from the untrained policy
+    # ... chosen from a rollout long enough to hold their 5,000 candidate pairs' clips without overlap
+    # (250,000 steps, not one 4,000-step iteration from reset; A.2 gives no length: the rule of our Ibarz runs)
+    distinct_initial_clips=True,
     rate_constant=5e6,  # A.2: label rate ∝ 5e6 / (T + 5e6)
+    # A.2: the rate "is decreased every 5*10^6 frames".  A.2 counts T, c and this step all in "frames", and
+    # A.1 says "frames" of MuJoCo's timesteps: it means the RL timesteps of its "50 million timesteps", so
+    # here both c and the step are agent steps (4 emulator frames each, frame skip 4), like BUDGETS
+    rate_step=5_000_000,
     label_capacity=3000,  # A.2: a buffer of only the last 3,000 labels
     pretrain_epochs=200,  # A.2: predictor pretrained 200 epochs before RL
     fit_steps=None,  # from labels_per_rl_step
     labels_per_rl_step=0.1,  # A.2: "processes 1 label per 10 RL timesteps"
     iteration_steps=4000,  # 50 A2C updates (16 envs × 5 steps) between label rounds
+    # A.2's RL baseline: Mnih et al.'s wrappers clip the game's reward to [-1, 1]; the game-over penalty is
+    # the oracle's (A), not the game's
+    baseline_reward="clipped_game",
     eval_every=10,
     checkpoint_every=25,
 )

@@ -6,9 +6,23 @@ Ibarz et al. 2018, §2.3 and A.3 (after Hester et al. 2018 and Schaul et al. 201
   ``[D, D + C)`` hold the agent's last C transitions, first in, first out.
 * Transition i is drawn with probability ``p_i^α / Σ_k p_k^α`` (α = 0.5) and weighted by the
   importance-sampling weight ``(N·P(i))^-β`` (β = 0.4), normalized by the largest weight in the
-  batch.  A new transition gets the largest priority seen so far; after a learning step its
-  priority becomes ``|δ| + ε`` (ε = 0.001) or ``|δ| + ε_d`` for demonstrations (ε_d = 3:
-  Ibarz's "priority bonus for expert demonstrations").
+  batch.  Its priority is ``|δ| + ε`` (ε = 0.001) or ``|δ| + ε_d`` for demonstrations (ε_d = 3:
+  Ibarz's "priority bonus for expert demonstrations"), with δ its 1-step TD error.
+* When δ is computed.  Ibarz A.3: priorities are "computed from their TD error at the moment they
+  are added to and sampled from the buffer".  Sampled: ``update_priorities`` after each learning
+  step.  Added: given ``td_error`` (the learner's |δ| of a batch of transitions, the same dict
+  ``sample`` returns less ``index`` and ``true_reward``, ``weight`` all 1), a transition that
+  becomes complete (its n successors written) is *unscored*: not drawable, priority 0, until its
+  |δ| is computed; so are the demonstrations until the first draw.  That happens in batches of
+  ``td_batch`` (one compiled shape; the last batch padded by repeating a transition): as soon as
+  ``td_batch`` are waiting, and for all that wait at the start of every ``sample``.  The learner
+  draws before it learns, so no update falls between a transition's adding and its scoring: its
+  first chance of being drawn is set by the TD error of the networks of the moment it was added,
+  as the paper says, at one forward pass per ``td_batch`` new transitions rather than one per
+  actor step.  (A trainer that refits r̂ between two draws calls ``score_unscored`` before it, so
+  the last few transitions of an iteration are scored with the r̂ they were added under.)
+  Schaul et al.'s rule, the largest priority seen so far, is what a new transition gets only
+  when no ``td_error`` is given: a buffer used on its own, in tests and benchmarks.
 * No rewards are stored for learning: the reward model scores a batch's observations each time
   it is drawn.  The true reward is kept beside each slot for the synthetic oracle and the
   metrics only.
@@ -33,7 +47,7 @@ transition (envpool's deferred reset, ``valid`` False) are never drawn as the fi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -115,11 +129,23 @@ class ReplayConfig:
             raise ValueError(f"n_step must be >= 1, got {self.n_step}")
 
 
+TDError = Callable[[dict[str, np.ndarray]], Any]  # a batch of transitions -> |δ| [B]
+
+
 class PrioritizedReplay:
-    """Demonstrations (permanent) + ``lanes`` FIFO rings of agent experience, one per actor."""
+    """Demonstrations (permanent) + ``lanes`` FIFO rings of agent experience, one per actor.
+
+    ``td_error``: the learner's |δ| of a batch of transitions, to give each transition its TD
+    error's priority when it is added (module docstring); its batches have ``td_batch`` rows in
+    the layout ``td_stack_last`` says (as ``sample``'s ``stack_last``).  None: new transitions
+    get the largest priority seen so far."""
 
     def __init__(self, config: ReplayConfig, obs_shape: tuple[int, ...], stack: int, obs_dtype,
-                 demos: Demos | None = None, lanes: int = 1):
+                 demos: Demos | None = None, lanes: int = 1, td_error: TDError | None = None,
+                 td_batch: int = 32, td_stack_last: bool = True):
+        if td_batch < 1:
+            raise ValueError(f"td_batch must be >= 1, got {td_batch}")
+        self.td_error, self.td_batch, self.td_stack_last = td_error, int(td_batch), bool(td_stack_last)
         self.cfg = config
         self.obs_shape = tuple(obs_shape)
         self.stack = int(stack)
@@ -134,12 +160,16 @@ class PrioritizedReplay:
         total = self.num_demo + self.lanes * self.lane_cap
         self.tree = SumTree(total)
         self.max_priority = 1.0
+        self.unscored = np.zeros(total, bool)  # complete, waiting for its TD error (never drawable)
         # demo slots: what a transition needs beyond the stored frames
         if demos is not None:
             self.demo_cont = ~demos.episode_end
             self.demo_true = (demos.rewards if demos.rewards is not None
                               else np.zeros(demos.num_steps, np.float32)).astype(np.float32)
-            self.tree.set(np.arange(self.num_demo), self._scaled(self.max_priority + config.eps_demo))
+            if td_error is None:
+                self.tree.set(np.arange(self.num_demo), self._scaled(self.max_priority + config.eps_demo))
+            else:  # scored before the first draw, by the networks of that moment
+                self.unscored[:self.num_demo] = True
         # agent lanes: a ring of frames and a ring of steps each (steps counted from 0, absolute)
         self.frame_cap = self.lane_cap + 8 * self.stack
         self.frames = np.zeros((self.lanes, self.frame_cap, *self.frame_shape), self.dtype)
@@ -196,17 +226,53 @@ class PrioritizedReplay:
             self.action[lane, pos] = int(action[lane])
             self.valid[lane, pos] = bool(valid[lane])
             self.true_reward[lane, pos] = float(true_reward[lane])
-            self.tree.set(self._slot(lane, s), 0.0)  # not drawable until its n successors exist
+            self._forget(self._slot(lane, s))  # not drawable until its n successors exist
             self.steps[lane] = s + 1
             # steps whose oldest frame the frame ring has overwritten are unusable from now on
             e = self.evicted[lane]
             while e < s and self.oldest[lane, e % self.lane_cap] < fw - self.frame_cap:
-                self.tree.set(self._slot(lane, e), 0.0)
+                self._forget(self._slot(lane, e))
                 e += 1
             self.evicted[lane] = e
             ready = s - n  # its successors s-n+1 … s are now written
             if ready >= e and ready >= 0 and self.valid[lane, ready % self.lane_cap]:
-                self.tree.set(self._slot(lane, ready), self._scaled(self.max_priority))
+                if self.td_error is None:
+                    self.tree.set(self._slot(lane, ready), self._scaled(self.max_priority))
+                else:
+                    self.unscored[self._slot(lane, ready)] = True
+        if self.td_error is not None and np.count_nonzero(self.unscored) >= self.td_batch:
+            self.score_unscored()
+
+    def _forget(self, slot) -> None:
+        """A slot that holds no drawable transition (being written, evicted, or no transition)."""
+        self.tree.set(slot, 0.0)
+        self.unscored[slot] = False
+
+    def score_unscored(self) -> int:
+        """Give every unscored transition its TD error's priority (module docstring); returns how
+        many.  ``sample`` calls it first; call it yourself to score them earlier."""
+        idx = np.flatnonzero(self.unscored)
+        if idx.size == 0:
+            return 0
+        if self.td_error is None:  # waiting in a checkpoint of a run that had a td_error
+            self.tree.set(idx, self._scaled(self.max_priority + np.where(idx < self.num_demo, self.cfg.eps_demo, 0.0)))
+            self.unscored[idx] = False
+            return int(idx.size)
+        b = self.td_batch
+        for lo in range(0, idx.size, b):
+            chunk = idx[lo:lo + b]
+            padded = np.concatenate([chunk, np.full(b - chunk.size, chunk[-1])])
+            batch = self.transitions(padded, self.td_stack_last)
+            batch.pop("true_reward")  # the oracle's, never the learner's
+            batch["weight"] = np.ones(b, np.float32)
+            td = np.asarray(self.td_error(batch), np.float64).reshape(-1)
+            if td.shape != (b,):
+                raise ValueError(f"td_error returned {td.shape[0]} values for a batch of {b}")
+            pr = priorities_from_td(td[:chunk.size], chunk < self.num_demo, self.cfg.eps, self.cfg.eps_demo)
+            self.max_priority = max(self.max_priority, float(pr.max()))
+            self.tree.set(chunk, self._scaled(pr))
+        self.unscored[idx] = False
+        return int(idx.size)
 
     def mark_discontinuity(self) -> None:
         """The next step does not follow the last one (a resumed run restarts its emulators): the
@@ -216,7 +282,7 @@ class PrioritizedReplay:
             s = int(self.steps[lane]) - 1
             if s >= self.evicted[lane]:
                 self.valid[lane, s % self.lane_cap] = False
-                self.tree.set(self._slot(lane, s), 0.0)
+                self._forget(self._slot(lane, s))
 
     # ------------------------------------------------------------------ reading
     def _decode(self, idx: np.ndarray):
@@ -283,6 +349,7 @@ class PrioritizedReplay:
         """A prioritized batch (stratified over the priority mass): ``transitions`` plus
         ``index`` [B] and ``weight`` [B] (importance sampling)."""
         beta = self.cfg.beta if beta is None else beta
+        self.score_unscored()  # what was added since the last draw: TD-error priorities first
         if demo_only:
             if self.num_demo == 0:
                 raise ValueError("no demonstrations in the replay buffer to pretrain on")
@@ -374,6 +441,7 @@ class PrioritizedReplay:
                     valid=self.valid, true_reward=self.true_reward, steps=self.steps,
                     frames_written=self.frames_written, evicted=self.evicted,
                     priorities=self.tree.leaves().copy(), max_priority=np.asarray(self.max_priority),
+                    unscored=self.unscored.copy(),
                     prev=np.stack([np.zeros(self.obs_shape, self.dtype) if p is None else p for p in self._prev]),
                     has_prev=np.asarray([p is not None for p in self._prev]))
 
@@ -383,6 +451,8 @@ class PrioritizedReplay:
             getattr(self, k)[...] = np.asarray(state[k])
         self.tree.rebuild(np.asarray(state["priorities"], np.float64))
         self.max_priority = float(state["max_priority"])
+        # (a checkpoint from before TD-error priorities on adding has none waiting)
+        self.unscored[:] = np.asarray(state["unscored"]) if "unscored" in state else False
         prev, has = np.asarray(state["prev"]), np.asarray(state["has_prev"])
         self._prev = [prev[i].copy() if has[i] else None for i in range(self.lanes)]
 
@@ -390,4 +460,5 @@ class PrioritizedReplay:
 def replay_memory_bytes(capacity: int, obs_shape: tuple[int, ...], stack: int, itemsize: int = 1) -> int:
     """Bytes the agent part of a buffer of ``capacity`` transitions needs when full."""
     frame = int(np.prod(obs_shape[:-1] if stack > 1 else obs_shape)) * itemsize
-    return (capacity + 8 * stack) * frame + capacity * (8 + 8 + 4 + 1 + 4) + 2 * 8 * (1 << (capacity - 1).bit_length())
+    per_slot = 8 + 8 + 4 + 1 + 4 + 1  # newest, oldest, action, valid, true_reward, unscored
+    return (capacity + 8 * stack) * frame + capacity * per_slot + 2 * 8 * (1 << (capacity - 1).bit_length())

@@ -32,12 +32,17 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 # JAX's persistent compilation cache (rlhp_jax/compile_cache.py) in a directory of this session,
-# shared by this process and every CLI a test starts: the same program built by two tests (or two
-# child processes) compiles once.  Never the user's cache: the suite starts cold and leaves nothing.
-_CACHE = tempfile.mkdtemp(prefix="rlhp_jax_test_cache_")
+# shared by this process, the pytest-xdist workers it starts (they inherit the variable) and every
+# CLI a test starts: the same program built by two tests, two workers or two child processes
+# compiles once.  Never the user's cache: the suite starts cold and leaves nothing.  Only the
+# process that made the directory removes it.
+_CACHE = os.environ.get(_SUITE_CACHE := "RLHP_JAX_TEST_SUITE_CACHE")
+if _CACHE is None or not os.path.isdir(_CACHE):
+    _CACHE = tempfile.mkdtemp(prefix="rlhp_jax_test_cache_")
+    os.environ[_SUITE_CACHE] = _CACHE
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ[compile_cache.ENV] = _CACHE
 compile_cache.enable(_CACHE)
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 settings.register_profile(
     "rlhp",

@@ -7,6 +7,7 @@ comparisons.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from rlhp_jax import tasks
+from rlhp_jax import atari_masks, tasks
 from rlhp_jax.render import atari, video
 from rlhp_jax.render import mujoco as mujoco_render
 from rlhp_jax.render.__main__ import main as render_main
@@ -132,10 +133,13 @@ def test_atari_clip_frames_take_the_newest_frame_and_upscale():
 
 def test_atari_native_frames_and_memory_cost():
     rgb = np.random.default_rng(1).integers(0, 256, (3, 210, 160, 3), dtype=np.uint8)
-    out = atari.atari_native_clip_frames(rgb)
-    assert out.shape == (3, 420, 320, 3)
-    np.testing.assert_array_equal(out[:, ::2, ::2], rgb)
-    assert atari.atari_native_clip_frames(rgb, (2, 4)).shape == (3, 420, 640, 3)
+    out = atari.atari_native_clip_frames(rgb, "Breakout")
+    assert out.shape == (3, 420, 480, 3)  # ×(2, 3): near-square, pixels wider than tall
+    shown = np.where(atari_masks.boolean_mask("Breakout")[..., None], 0, rgb)  # the score blanked
+    np.testing.assert_array_equal(out[:, ::2, ::3], shown)
+    np.testing.assert_array_equal(out[:, 1::2, 2::3], shown)
+    assert atari.atari_native_clip_frames(rgb, "Breakout", (2, 4)).shape == (3, 420, 640, 3)
+    assert [atari.native_scale(s) for s in (128, 256, 384, 512)] == [(2, 3), (2, 3), (4, 6), (4, 6)]
     assert atari.ATARI_NATIVE_BYTES_PER_STEP == rgb[0].nbytes == 100_800
     assert atari.ATARI_OBS_BYTES_PER_STEP == 7_056
 
@@ -144,8 +148,9 @@ def test_atari_native_frames_and_memory_cost():
     (atari.atari_clip_frames, np.zeros((2, 84, 84, 4), np.float32), "uint8"),
     (atari.atari_clip_frames, np.zeros((84, 84, 4), np.uint8), "channel-last"),
     (atari.atari_clip_frames, np.zeros((0, 84, 84, 4), np.uint8), "empty"),
-    (atari.atari_native_clip_frames, np.zeros((2, 210, 160), np.uint8), "RGB"),
-    (atari.atari_native_clip_frames, np.zeros((0, 210, 160, 3), np.uint8), "empty"),
+    (functools.partial(atari.atari_native_clip_frames, game="Pong"), np.zeros((2, 210, 160), np.uint8), "RGB"),
+    (functools.partial(atari.atari_native_clip_frames, game="Pong"), np.zeros((0, 210, 160, 3), np.uint8), "empty"),
+    (functools.partial(atari.atari_native_clip_frames, game="Pong"), np.zeros((2, 84, 84, 3), np.uint8), "210, 160"),
 ])
 def test_atari_frames_reject_bad_input(fn, arr, match):
     with pytest.raises(ValueError, match=match):
@@ -413,6 +418,17 @@ def test_cli_module_writes_playable_pong_clip(tmp_path):
     assert info["fps"] == pytest.approx(15.0) and info["faststart"]
     frames = _decode(out)
     assert frames.std() > 5  # not a blank picture
+
+
+def test_cli_native_writes_the_colour_clip_people_see(tmp_path, capsys):
+    out = tmp_path / "pong.mp4"
+    assert render_main(["--env", "Pong", "--native", "--steps", "8", "--out", str(out)]) == 0
+    info = video.probe_mp4(out)
+    assert (info["frames"], info["width"], info["height"]) == (8, 480, 420)
+    frames = _decode(out).astype(int)
+    assert frames[:, :40].max() <= 24  # Pong's score rows (0-24, ×2) black
+    assert np.abs(frames[:, 100:, :, 0] - frames[:, 100:, :, 2]).mean() > 50  # colour
+    assert "8 frames" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("env, steps, size, every, fps", [

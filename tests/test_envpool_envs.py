@@ -274,6 +274,8 @@ def test_atari_options_follow_the_papers():
         kw = e.envpool_kwargs
         assert kw["noop_max"] == noops and kw["frame_skip"] == 4 and kw["stack_num"] == 4
         assert kw["repeat_action_probability"] == 0.0 and not kw["episodic_life"] and kw["gray_scale"]
+        # Mnih et al.'s wrappers (A.2, Ibarz A.1) press no FIRE at reset: the policy starts the game
+        assert kw["use_fire_reset"] is False
     assert christiano.spec.segment_length == 25 and christiano.spec.reward_std == 0.05
     with pytest.raises(ValueError, match="Unknown Atari options"):
         EnvpoolVecEnv("Pong", 1, sticky=0.25)

@@ -134,6 +134,35 @@ def test_steps_rounded_up_to_whole_iterations_are_reported(full_run, tmp_path):
         "2500 steps asked for (--steps) are not a multiple of the 1000 steps of an iteration: rounded up to 3000")
 
 
+def test_epsilon_anneals_over_the_iterations_actor_steps_only(full_run, tmp_path):
+    """A.3's ε schedule starts with the iterations: the initial trajectories (before learning) are
+    run at its first ε and do not advance it."""
+    from rlhp_jax.agents.dqfd import linear_epsilon
+    from rlhp_jax.config import ibarz_config_from_json
+    from rlhp_jax.ibarz import IbarzRun
+
+    saved = ibarz_config_from_json(json.loads((full_run / "config.json").read_text()))
+    agent = dataclasses.replace(saved.agent_config, eps_decay_steps=600)
+    run = IbarzRun(dataclasses.replace(saved, total_steps=1000, agent_config=agent, out=str(tmp_path)),
+                   progress=False, log=lambda *_: None)
+    used = []
+    act_step = run.act_step
+
+    def recording(params, env_state, obs, key, epsilon):
+        used.append(float(epsilon))
+        return act_step(params, env_state, obs, key, epsilon)
+
+    run.act_step = recording
+    run.run()
+    initial = run.initial_steps  # one actor: one call per step
+    assert initial > 0 and len(used) == initial + 1000
+    want = [float(linear_epsilon(k, agent.eps_start, agent.eps_end, 600)) for k in range(1000)]
+    assert used[:initial] == pytest.approx([agent.eps_start] * initial)
+    assert used[initial:] == pytest.approx(want)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert rows[-1]["epsilon"] == pytest.approx(agent.eps_end)
+
+
 def test_diagnostics_alignment_loss_and_frozen(full_run, tmp_path):
     res = diag.alignment(str(full_run), steps=1100, epsilon=0.01)
     data = json.loads((full_run / "alignment.json").read_text())

@@ -472,6 +472,96 @@ def test_update_priorities(demo_set):
     assert buf.tree.leaves()[slot_of(buf, 10)] == 0.0  # step 10 left the ring
 
 
+class FakeLearner:
+    """A ``td_error`` for tests: |δ| of a transition = its first observation's newest pixel [0, 0]
+    / 64 (distinct per transition, never the max priority), and a log of the batches it saw."""
+
+    def __init__(self, stack_last: bool = True):
+        self.batches, self.stack_last = [], stack_last
+
+    def __call__(self, batch):
+        self.batches.append(batch)
+        obs0 = batch["obs"][:, 0]
+        newest = obs0[..., -1] if self.stack_last else obs0[:, -1]
+        return newest[:, 0, 0].astype(np.float32) / 64.0
+
+    @staticmethod
+    def priority(obs0, is_demo=False):
+        return (obs0[0, 0, -1] / 64.0 + (3.0 if is_demo else 1e-3)) ** 0.5
+
+
+def test_new_transitions_get_their_td_error_priority_before_they_can_be_drawn(demo_set):
+    """Ibarz A.3: priorities are "computed from their TD error at the moment they are added to
+    and sampled from the buffer" — not the largest priority seen so far."""
+    demos, demo_obs = demo_set[0], demo_set[1]
+    learner = FakeLearner()
+    buf = PrioritizedReplay(ReplayConfig(capacity=20, n_step=N_STEP), OBS_SHAPE, STACK, np.uint8, demos=demos,
+                            td_error=learner, td_batch=8)
+    assert buf.tree.total == 0 and buf.unscored[:NUM_DEMO].all()  # demos wait for the first draw
+    buf.score_unscored()  # (a draw would do it)
+    np.testing.assert_allclose(buf.tree.leaves()[:NUM_DEMO], [FakeLearner.priority(o, True) for o in demo_obs])
+    rec = None
+    for s in range(45):
+        rec = feed(buf, 1, seed=21, record=rec)
+        oldest = max(0, s - 19)
+        complete = np.arange(oldest, s - N_STEP + 1)
+        waiting = buf.unscored[slot_of(buf, complete)]
+        # the complete steps are scored or waiting, never both, never drawable while waiting ...
+        assert waiting.sum() == np.count_nonzero(buf.unscored) < 8  # scored as soon as 8 wait
+        np.testing.assert_array_equal(drawable_steps(buf), complete[~waiting])
+        # ... and each scored one has its own TD error's priority
+        for t in complete[~waiting]:
+            assert buf.tree.leaves()[slot_of(buf, t)] == pytest.approx(FakeLearner.priority(rec["obs"][t]))
+        assert not buf.unscored[slot_of(buf, np.arange(max(oldest, s - N_STEP + 1), s + 1))].any()
+    # a draw scores the waiting ones first
+    assert np.count_nonzero(buf.unscored) > 0
+    b = buf.sample(np.random.default_rng(0), 32)
+    assert not buf.unscored.any()
+    np.testing.assert_array_equal(drawable_steps(buf), np.arange(25, 42))
+    obs = np.stack(rec["obs"])
+    np.testing.assert_allclose(buf.tree.leaves()[slot_of(buf, np.arange(25, 42))],
+                               [FakeLearner.priority(o) for o in obs[25:42]])
+    assert set(b) >= {"index", "weight"}
+    # every batch the learner scored had td_batch rows, weight 1, and no oracle reward
+    for batch in learner.batches:
+        assert set(batch) == {"obs", "action", "cont", "is_demo", "weight"}
+        assert batch["obs"].shape == (8, N_STEP + 1, *OBS_SHAPE)
+        np.testing.assert_array_equal(batch["weight"], 1.0)
+    # after a learning step the priority follows the drawn TD error, as before
+    buf.update_priorities(slot_of(buf, np.array([30])), np.array([2.0]))
+    assert buf.tree.leaves()[slot_of(buf, 30)] == pytest.approx((2.0 + 1e-3) ** 0.5)
+
+
+def test_waiting_transitions_that_leave_the_ring_are_not_scored_and_survive_checkpoints():
+    learner = FakeLearner(stack_last=False)
+    buf = PrioritizedReplay(ReplayConfig(capacity=20, n_step=N_STEP), OBS_SHAPE, STACK, np.uint8,
+                            td_error=learner, td_batch=64, td_stack_last=False)
+    rec = feed(buf, 45, seed=22, invalid_at={33})
+    # steps 0..41 became complete; only the held ones (25..41) wait, and not the invalid step 33
+    held = [t for t in range(25, 42) if t != 33]
+    np.testing.assert_array_equal(np.sort(np.flatnonzero(buf.unscored)),
+                                  np.sort(slot_of(buf, np.array(held))))
+    assert buf.tree.total == 0 and learner.batches == []
+    # a checkpoint keeps them waiting
+    b = PrioritizedReplay(ReplayConfig(capacity=20, n_step=N_STEP), OBS_SHAPE, STACK, np.uint8,
+                          td_error=learner, td_batch=64, td_stack_last=False)
+    b.load_state_dict(_roundtrip(buf.state_dict()))
+    np.testing.assert_array_equal(b.unscored, buf.unscored)
+    assert b.score_unscored() == len(held)
+    (batch,) = learner.batches
+    assert batch["obs"].shape == (64, N_STEP + 1, STACK, *FRAME)  # the layout asked for
+    obs = np.stack(rec["obs"])
+    np.testing.assert_allclose(b.tree.leaves()[slot_of(b, np.array(held))],
+                               [FakeLearner.priority(o) for o in obs[held]])
+    # without a td_error, a checkpoint's waiting transitions get the largest priority seen
+    c = make_buffer(capacity=20)
+    c.load_state_dict(_roundtrip(buf.state_dict()))
+    c.sample(np.random.default_rng(1), 4)
+    np.testing.assert_allclose(c.tree.leaves()[slot_of(c, np.array(held))], 1.0)
+    with pytest.raises(ValueError, match="td_batch"):
+        PrioritizedReplay(ReplayConfig(capacity=20), OBS_SHAPE, STACK, np.uint8, td_error=learner, td_batch=0)
+
+
 def test_sampling_is_proportional(demo_set):
     demos = demo_set[0]
     buf = make_buffer(capacity=20, demos=demos)
@@ -573,7 +663,7 @@ def test_frames_are_stored_once_in_memory():
     # replay_memory_bytes counts exactly what a demo-free buffer allocates
     buf = make_buffer(capacity=37)
     allocated = sum(x.nbytes for x in (buf.frames, buf.newest, buf.oldest, buf.action, buf.valid,
-                                       buf.true_reward, buf.tree.tree))
+                                       buf.true_reward, buf.unscored, buf.tree.tree))
     assert replay_memory_bytes(37, OBS_SHAPE, STACK) == allocated
     # the paper's 1e6 transitions of 84×84×4 uint8: ~7.1 GB (not 28 GB)
     full = replay_memory_bytes(1_000_000, (84, 84, 4), 4)

@@ -9,7 +9,10 @@ underneath:
 * ``queue(pairs)`` hands selected pairs to a background worker that saves each pair's arrays
   (``segments/ID.npz``), renders and encodes its two clips (``clips/ID-left.mp4`` …) and only
   then inserts the query into the label store, so the page never offers a pair whose clips
-  are missing.  Rendering and encoding never run on the training thread.
+  are missing.  Rendering and encoding never run on the training thread.  An Atari run hands
+  the teacher its ``render.atari.NativeFrames`` (``native_frames``): ``queue`` copies each
+  pair's colour frames out of that ring on the calling thread, and people see native colour
+  instead of the agent's 84×84 grayscale (``render.atari``).
 * ``answers_since(cursor)`` returns the answers recorded since ``cursor`` (the id of the last answer
   the trainer consumed, saved in its checkpoints) together with their pairs' arrays.  After a
   crash the trainer resumes from its checkpoint's cursor, so answers given while it was down,
@@ -127,7 +130,8 @@ def write_clips(env: str, pair: dict[str, np.ndarray], left: Path, right: Path,
 
     for side, path in ((0, left), (1, right)):
         render = pair["render"][side] if "render" in pair else None
-        frames, fps = segment_frames(env, pair["obs"][side], render, render_fields)
+        rgb = pair["rgb"][side] if "rgb" in pair else None  # Atari: native colour frames (HumanTeacher.queue)
+        frames, fps = segment_frames(env, pair["obs"][side], render, render_fields, rgb=rgb)
         tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp.mp4")
         encode_mp4(frames, tmp, fps)
         os.replace(tmp, path)
@@ -144,8 +148,9 @@ class HumanTeacher:
 
     def __init__(self, run_dir: str | os.PathLike, env: str, render_fields: Sequence[str] = (), wanted: int = 1,
                  store: LabelStore | None = None, pair_shapes: Mapping[str, Sequence[int]] | None = None,
-                 max_pending: int | None = None):
+                 max_pending: int | None = None, native_frames: Any = None):
         self.max_pending = max_pending
+        self.native_frames = native_frames  # Atari: the run's render.atari.NativeFrames (colour clips)
         self.responses = 0  # answers consumed, "can't tell" included
         self.cursor = 0  # the store id of the last answer consumed
         self.run_dir = Path(run_dir)
@@ -162,9 +167,13 @@ class HumanTeacher:
 
     # ------------------------------------------------------------------ the Teacher interface
     def ask(self, pairs, render, take: int, keys, env_steps: int) -> None:
-        """Queue the first ``take`` selected pairs for people (rendered off the training thread)."""
+        """Queue the first ``take`` selected pairs for people (rendered off the training thread).
+        ``render`` None: the clips are drawn from the observations alone (Ibarz's runs, whose
+        clips come from the replay buffer)."""
         arrays = dict(obs=np.asarray(pairs.obs[:take]), action=np.asarray(pairs.action[:take]),
-                      true_reward=np.asarray(pairs.true_reward[:take]), render=np.asarray(render[:take]))
+                      true_reward=np.asarray(pairs.true_reward[:take]))
+        if render is not None:
+            arrays["render"] = np.asarray(render[:take])
         self.queue(arrays, [dict(env_steps=env_steps)] * take)
 
     def collect(self, key) -> list[Answers]:
@@ -191,7 +200,11 @@ class HumanTeacher:
 
     # ------------------------------------------------------------------ underneath
     def queue(self, pairs: dict[str, np.ndarray], info: Sequence[dict[str, Any]]) -> list[str]:
-        """Queue ``len(info)`` pairs (arrays ``[P, 2, T, ...]``, the first ``len(info)`` used)."""
+        """Queue ``len(info)`` pairs (arrays ``[P, 2, T, ...]``, the first ``len(info)`` used).  With
+        ``native_frames``, the pairs' colour frames are copied out of its ring here, before the run
+        moves on (``rgb``: shown, never saved)."""
+        if self.native_frames is not None and "render" in pairs and "rgb" not in pairs:
+            pairs = dict(pairs, rgb=self.native_frames.lookup(np.asarray(pairs["render"])[:len(info)]))
         ids = []
         for i, meta in enumerate(info):
             qid = f"q{int(time.time() * 1000):013d}-{secrets.token_hex(4)}"
@@ -207,7 +220,7 @@ class HumanTeacher:
         t0 = time.perf_counter()
         seg = self.run_dir / "segments" / f"{qid}.npz"
         left, right = (self.run_dir / "clips" / f"{qid}-{side}.mp4" for side in ("left", "right"))
-        save_npz(seg, **pair)
+        save_npz(seg, **{k: v for k, v in pair.items() if k != "rgb"})  # rgb: 5 MB a pair, the clips show it
         write_clips(self.env, pair, left, right, self.render_fields)
         info = dict(info, env=self.env, segment_length=int(pair["obs"].shape[1]))
         if "true_reward" in pair:  # for diagnostics (agreement with the oracle); never shown on the page

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlhp_jax import tasks
-from rlhp_jax.render.atari import atari_clip_frames, atari_native_clip_frames
+from rlhp_jax.render.atari import NATIVE_SCALE, NativeFrames, atari_clip_frames, atari_native_clip_frames
 from rlhp_jax.render.classic import MIN_CLIP_SIZE, classic_clip_frames
 from rlhp_jax.render.mujoco import MujocoRenderer, reconstruct_state
 from rlhp_jax.render.video import encode_mp4, probe_mp4
@@ -42,17 +42,17 @@ def _unknown_env_message(env: str) -> str:
             f"{', '.join(tasks.names('gymnax'))}")
 
 
-def random_rollout(env_name: str, steps: int, seed: int):
+def random_rollout(env_name: str, steps: int, seed: int, **options):
     """``steps`` steps of a uniformly random policy through the project's environment wrapper
-    (``envs.make_env``: the papers' settings, Atari score masks).  Returns ``(env, next_obs,
-    render)``: the observation *after* each step and its render data, so frame t shows the
-    result of action t (what a segment's clip shows)."""
+    (``envs.make_env``: the papers' settings, Atari score masks; ``options``: the wrapper's).
+    Returns ``(env, next_obs, render)``: the observation *after* each step and the render data
+    of each step, so frame t shows the result of action t (what a segment's clip shows)."""
     import jax
 
     from rlhp_jax.envs import make_env
     from rlhp_jax.rollout import collect_rollout, uniform_random_policy
 
-    env = make_env(env_name, 1, seed=seed)
+    env = make_env(env_name, 1, seed=seed, **options)
     spec = env.spec
 
     policy = uniform_random_policy(spec)
@@ -63,25 +63,15 @@ def random_rollout(env_name: str, steps: int, seed: int):
     return env, next_obs, np.asarray(ro.render[:, 0])
 
 
-def _run_atari_native(game: str, steps: int, seed: int, rng: np.random.Generator):
-    """Native ``[T, 210, 160, 3]`` colour frames of a random policy, score area blanked.  A
-    separate envpool instance with the same Atari options as the wrapper but native frames
-    (one envpool env cannot emit both the 84×84 stack and native colour)."""
-    import envpool
-
-    from rlhp_jax import atari_masks
-    from rlhp_jax.envpool_envs import EnvpoolVecEnv
-
-    kwargs = dict(EnvpoolVecEnv(game, 1, seed=seed).envpool_kwargs, img_height=210, img_width=160,
-                  gray_scale=False, stack_num=1)
-    env = envpool.make(tasks.TASKS[game].envpool_id, **kwargs)
-    env.reset()
-    frames = []
-    for _ in range(steps):
-        obs, *_ = env.step(rng.integers(0, env.action_space.n, size=(1,)).astype(np.int32))
-        frames.append(obs[0])
-    env.close()
-    return atari_masks.mask_native(np.transpose(np.stack(frames), (0, 2, 3, 1)), game)
+def _run_atari_native(game: str, steps: int, seed: int) -> np.ndarray:
+    """The native ``[T, 210, 160, 3]`` colour frames after each step of a random policy, kept by
+    the wrapper as in a run labeled by people (``atari.NativeFrames``; the score is blanked when
+    they are drawn)."""
+    ring = NativeFrames(1, steps + 1)
+    _, _, render = random_rollout(game, steps, seed, native_frames=ring)
+    after = np.asarray(render, np.float64)
+    after[:, 0] += 1  # render[t] names the frame step t acted on; the clip shows the one after it
+    return ring.lookup(after)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,8 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=256,
                         help="MuJoCo and gymnax frame width and height (gymnax: even, >= 32)")
     parser.add_argument("--scale", type=int, default=None,
-                        help="Atari upscaling (default 4 for 84×84, 2 for --native)")
-    parser.add_argument("--native", action="store_true", help="Atari: native-colour frames")
+                        help="Atari upscaling (default 4 for 84×84; for --native ×(2, 3), the clips "
+                             "people are shown, or ×scale both ways)")
+    parser.add_argument("--native", action="store_true",
+                        help="Atari: native-colour frames, as people labeling a run see them")
     parser.add_argument("--every", type=int, default=1,
                         help="MuJoCo and gymnax: render every k-th step at fps/k (still real time)")
     try:
@@ -132,7 +124,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    rng = np.random.default_rng(args.seed)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     if task is not None:
@@ -157,9 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         t_setup = 0.0
         if args.native:
-            frames_in = _run_atari_native(game, args.steps, args.seed, rng)
+            frames_in = _run_atari_native(game, args.steps, args.seed)
             t0 = time.perf_counter()
-            frames = atari_native_clip_frames(frames_in, args.scale or 2)
+            frames = atari_native_clip_frames(frames_in, game, args.scale or NATIVE_SCALE)
         else:
             _, frames_in, _ = random_rollout(game, args.steps, args.seed)
             t0 = time.perf_counter()
