@@ -66,7 +66,7 @@ from typing import Callable
 import numpy as np
 
 from experiments import mujoco
-from experiments.mujoco_grid import (FINAL_ROWS, GridError, describe_plan, execute, final_return, grid, plan, run_dir,
+from experiments.grid import (FINAL_ROWS, GridError, describe_plan, execute, final_return, grid, plan, run_dir,
                                      run_metrics, steps_label)
 
 TASKS = ("Reacher", "HalfCheetah", "Hopper", "Walker2d", "Swimmer", "Ant", "InvertedPendulum",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import mujoco_grid as mg
+from experiments import grid as mg
 from experiments import reproduce_mujoco as rm
 
 STEPS = 1000
@@ -67,7 +67,8 @@ class FakeLauncher:
         self.calls, self.fail, self.delay = [], set(fail), delay
         self.returns = returns or {}
 
-    def __call__(self, argv, log_path):
+    def __call__(self, argv, log_path, entry="mujoco"):
+        assert entry == "mujoco"
         self.calls.append(list(argv))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text("fake run\n")
@@ -212,8 +213,8 @@ def test_jobs_runs_that_many_at_once(grid, monkeypatch):
     running, peak = [], [0]
     real_call = fake.__call__
 
-    def counting(argv_, log_path):
-        proc = real_call(argv_, log_path)
+    def counting(argv_, log_path, entry="mujoco"):
+        proc = real_call(argv_, log_path, entry)
         running.append(proc)
         peak[0] = max(peak[0], sum(1 for p in running if p.delay > 0))
         return proc
@@ -348,6 +349,19 @@ def test_launch_starts_experiments_mujoco_with_its_output_in_the_log(tmp_path):
     text = log.read_text()
     assert "$ python -m experiments.mujoco --env NoSuchTask --no-progress" in text
     assert "Unknown environment 'NoSuchTask'" in text
+
+
+def test_a_grid_of_another_entry_point_starts_and_checks_runs_with_it(tmp_path):
+    """Run.entry names the entry point: its runs start with it and are checked against its config."""
+    log = tmp_path / "runs" / "x.log"
+    proc = mg.launch(["--env", "NoSuchGame", "--no-progress"], log, entry="atari")
+    assert proc.wait(timeout=120) == 2
+    assert "$ python -m experiments.atari --env NoSuchGame --no-progress" in log.read_text()
+    pong = mg.grid(["Pong"], [5500], [0], lambda task: 40_000, entry="atari")
+    assert [r.entry for r in pong] == ["atari", "atari"] and pong[0].directory(tmp_path).name == "Pong-5500labels-40k-seed0"
+    config = mg.expected_config(pong[0], tmp_path)
+    assert config["agent"] == "a2c" and config["env"] == "Pong" and config["labels"] == 5500
+    assert mg.expected_config(pong[1], tmp_path)["reward_source"] == "true"
 
 
 def test_runs_of_another_step_budget_live_in_their_own_directory(tmp_path):

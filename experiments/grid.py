@@ -1,14 +1,16 @@
-"""The run grid behind ``python -m experiments.reproduce_mujoco``: one ``experiments.mujoco`` run
-per task x arm x seed x step budget, in ``ROOT/TASK-TAG-STEPS-seedS``; what state each is in
-(finished, to resume, to restart, to start), refusing a directory that holds another run; and
-running them as subprocesses, ``--jobs`` at a time.  The figure and the table are
-:mod:`experiments.reproduce_mujoco`'s.
+"""The run grid behind the papers' figures (``python -m experiments.reproduce_mujoco``, and any
+other figure of label budgets against RL on the true reward): one run of an entry point
+(``experiments.mujoco``, ``experiments.atari``: ``Run.entry``) per task x arm x seed x step budget,
+in ``ROOT/TASK-TAG-STEPS-seedS``; what state each is in (finished, to resume, to restart, to
+start), refusing a directory that holds another run; and running them as subprocesses, ``--jobs``
+at a time.  The figures and tables are the reproduce modules'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import json
 import subprocess
 import sys
@@ -19,7 +21,6 @@ from typing import Callable
 
 import numpy as np
 
-from experiments import mujoco
 from rlhp_jax.metrics import read_jsonl
 
 POLL_S = 1.0  # seconds between checks on running subprocesses
@@ -51,6 +52,7 @@ class Run:
     labels: int | None
     seed: int
     steps: int
+    entry: str = "mujoco"  # the entry point that runs it: python -m experiments.<entry>
 
     @property
     def tag(self) -> str:
@@ -65,26 +67,27 @@ class Run:
         return directory.with_name(directory.name + ".log")
 
     def fresh_argv(self, root: Path) -> list[str]:
-        """``experiments.mujoco`` flags that start this run in its directory."""
+        """``experiments.<entry>`` flags that start this run in its directory."""
         argv = ["--env", self.task, "--seed", str(self.seed), "--steps", str(self.steps),
                 "--out", str(self.directory(root))]
         return argv + (["--baseline"] if self.labels is None else ["--labels", str(self.labels)])
 
 
-def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> list[Run]:
+def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int], entry: str = "mujoco") -> list[Run]:
     """Every run of the figure, seed by seed so that an interrupted grid covers every task."""
     arms = [*label_budgets, None]
-    return [Run(task, labels, seed, steps_for(task)) for seed in seeds for task in tasks for labels in arms]
+    return [Run(task, labels, seed, steps_for(task), entry) for seed in seeds for task in tasks for labels in arms]
 
 
 def expected_config(run: Run, root: Path) -> dict:
-    """The ``config.json`` that ``experiments.mujoco`` would write for this run today — every
+    """The ``config.json`` that ``experiments.<entry>`` would write for this run today — every
     setting, the code's defaults included — without its output path."""
     from experiments.cli import build_parser, config_from_args
     from rlhp_jax.config import config_to_json
 
-    args = build_parser(mujoco.DOMAIN).parse_args(run.fresh_argv(root))
-    return {k: v for k, v in config_to_json(config_from_args(args, mujoco.DOMAIN)).items() if k != "out"}
+    domain = importlib.import_module(f"experiments.{run.entry}").DOMAIN
+    args = build_parser(domain).parse_args(run.fresh_argv(root))
+    return {k: v for k, v in config_to_json(config_from_args(args, domain)).items() if k != "out"}
 
 
 def _short(value) -> str:
@@ -125,7 +128,7 @@ def run_state(run: Run, root: Path) -> str:
     if config is None:
         if finished:
             raise GridError(f"{directory} has a summary.json but no readable config.json: it was not written by "
-                            "experiments.mujoco; move it away or use another --root")
+                            f"experiments.{run.entry}; move it away or use another --root")
         return "restart"
     problems = config_mismatches(run, config, root)
     if problems:
@@ -162,20 +165,20 @@ def move_aside(directory: Path) -> Path:
 
 
 # ------------------------------------------------------------------ running
-def launch(argv: list[str], log_path: Path):
-    """Start ``python -m experiments.mujoco ARGV`` as a subprocess (its own memory, its own JAX),
+def launch(argv: list[str], log_path: Path, entry: str = "mujoco"):
+    """Start ``python -m experiments.<entry> ARGV`` as a subprocess (its own memory, its own JAX),
     stdout and stderr appended to ``log_path``; returns the ``subprocess.Popen``.  The one seam
     through which this module runs anything (the tests replace it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        log.write(f"\n$ python -m experiments.mujoco {' '.join(argv)}\n".encode())
+        log.write(f"\n$ python -m experiments.{entry} {' '.join(argv)}\n".encode())
         log.flush()
-        return subprocess.Popen([sys.executable, "-m", "experiments.mujoco", *argv], stdout=log,
+        return subprocess.Popen([sys.executable, "-m", f"experiments.{entry}", *argv], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def argv_for(run: Run, state: str, root: Path) -> list[str]:
-    """The ``experiments.mujoco`` command line for a run in ``state`` (resume or start)."""
+    """The ``experiments.<entry>`` command line for a run in ``state`` (resume or start)."""
     argv = ["--resume", str(run.directory(root))] if state == "resume" else run.fresh_argv(root)
     return argv + ["--no-progress"]
 
@@ -208,7 +211,8 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
                 run, state = pending.popleft()
                 if state == "restart":
                     log(f"moved incomplete {run.directory(root)} aside to {move_aside(run.directory(root))}")
-                active[run] = (launch(argv_for(run, state, root), run.log_path(root)), time.monotonic())
+                active[run] = (launch(argv_for(run, state, root), run.log_path(root), entry=run.entry),
+                               time.monotonic())
             polled = [(run, proc.poll(), start) for run, (proc, start) in active.items()]
             ended = [(run, rc, start) for run, rc, start in polled if rc is not None]
             for run, rc, start in ended:
