@@ -183,10 +183,11 @@ def argv_for(run: Run, state: str, root: Path) -> list[str]:
     return argv + ["--no-progress"]
 
 
-def final_return(rows: list[dict]) -> float | None:
-    """A run's final true return: the mean ``true_return`` of its last :data:`FINAL_ROWS` metrics
-    rows (one row is one iteration's training batch, noisy on its own); None without any."""
-    values = [r["true_return"] for r in rows if r.get("true_return") is not None]
+def final_return(rows: list[dict], metric: str = "true_return") -> float | None:
+    """A run's final return: the mean ``metric`` of its last :data:`FINAL_ROWS` metrics rows that
+    have one (one row is one iteration's training batch, noisy on its own; ``episode_return`` is
+    None where no episode ended); None without any."""
+    values = [r[metric] for r in rows if r.get(metric) is not None]
     return float(np.mean(values[-FINAL_ROWS:])) if values else None
 
 
@@ -199,7 +200,8 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else (f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}")
 
 
-def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[str], None] = print) -> list[Run]:
+def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[str], None] = print,
+            metric: str = "true_return") -> list[Run]:
     """Run each (run, state) with at most ``jobs`` subprocesses at once, printing a progress line
     as each one ends; returns the runs that failed.  Runs still going when this is interrupted
     are terminated."""
@@ -226,7 +228,8 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
                     failed.append(run)
                     log(f"{head}: FAILED (exit {rc}); log: {run.log_path(root)}; about {left:.0f} min left")
                 else:
-                    log(f"{head}: final true return {_fmt(final_return(run_metrics(run.directory(root))))} "
+                    log(f"{head}: final {metric.replace('_', ' ')} "
+                        f"{_fmt(final_return(run_metrics(run.directory(root)), metric))} "
                         f"(wall {wall:.0f} s); about {left:.0f} min left")
             if not ended:
                 time.sleep(POLL_S)

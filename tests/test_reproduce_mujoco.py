@@ -110,7 +110,7 @@ def grid(tmp_path, monkeypatch):
 def test_default_tasks_are_the_eight_of_fig2_and_each_has_a_budget():
     assert rm.TASKS == ("Reacher", "HalfCheetah", "Hopper", "Walker2d", "Swimmer", "Ant", "InvertedPendulum",
                         "InvertedDoublePendulum")
-    assert set(rm.TASKS) <= set(rm._known_tasks())
+    assert set(rm.TASKS) <= set(rm.FIG2.known_tasks())
     assert set(rm.DEFAULT_STEPS) == set(rm.TASKS)
     args = rm.parse_args([])
     assert args.tasks == list(rm.TASKS) and args.seed_list == [0, 1, 2, 3, 4] and args.labels == [700]

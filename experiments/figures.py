@@ -1,0 +1,366 @@
+"""The papers' figures of label budgets against RL on the true reward, from one command each:
+what a figure is (:class:`Figure`: its entry point, tasks, budgets, metric, where its table goes
+and what still differs from the paper), its table of final returns in ``docs/results.md``, its
+plots, and the command line that runs its grid (:mod:`experiments.grid`) and draws it.
+
+``experiments.reproduce_mujoco`` (Christiano Fig. 2) and ``experiments.reproduce_atari``
+(Christiano Fig. 3) are each one :class:`Figure` and its ``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from experiments.grid import (FINAL_ROWS, GridError, describe_plan, execute, final_return, grid, plan, run_dir,
+                              run_metrics, steps_label)
+
+TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
+
+
+def meets_target(learned_mean: float, rl_mean: float) -> bool:
+    """Christiano's claim that labels "nearly match" RL, as a check: at least 90 % of RL's final
+    return when that is positive; when it is not (a ratio would flip), at most 10 % of |RL| below it."""
+    if rl_mean > 0:
+        return learned_mean >= TARGET_FRACTION * rl_mean
+    return learned_mean >= rl_mean - (1 - TARGET_FRACTION) * abs(rl_mean)
+
+
+def _cell(finals: list[float]) -> str:
+    """``mean ± std (n seeds)``, both to the precision the mean's size calls for; – without seeds."""
+    if not finals:
+        return "–"
+    mean, std, n = float(np.mean(finals)), float(np.std(finals)), len(finals)
+    digits = 0 if abs(mean) >= 100 else 1
+    return f"{mean:.{digits}f} ± {std:.{digits}f} ({n} seed{'s' if n != 1 else ''})"
+
+
+def _seeds_note(counts: list[int]) -> str:
+    low, high = min(counts), max(counts)
+    return f"({low} seed{'s' if high != 1 else ''})" if low == high else f"({low}–{high} seeds)"
+
+
+def arm_styles(label_budgets) -> list[tuple[int | None, str, tuple]]:
+    """(arm, legend stem, colour) for each arm: label budgets in blues, lighter for fewer labels;
+    RL on the true reward in orange (the papers' colours)."""
+    from matplotlib import colormaps
+
+    budgets = sorted(label_budgets)
+    shades = np.linspace(0.4, 0.9, len(budgets)) if len(budgets) > 1 else [0.7]
+    blues = colormaps["Blues"]
+    styles = [(n, f"{n} synthetic labels", blues(float(s))) for n, s in zip(budgets, shades)]
+    return styles + [(None, "RL on the true reward", (1.0, 0.5, 0.05, 1.0))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """One figure of a paper: a grid of ``python -m experiments.<entry>`` runs, task × seed ×
+    {each label budget, RL on the true reward}, and how its results are shown."""
+
+    name: str  # the command: python -m experiments.<name>
+    entry: str  # the entry point of each run: python -m experiments.<entry>
+    title: str  # the results.md section's heading
+    tasks: tuple[str, ...]  # the figure's tasks, in the order they run and are drawn
+    default_steps: dict  # task -> environment steps per run
+    default_labels: tuple[int, ...]  # the label budgets run by default
+    target_labels: int  # the budget the pass/fail check compares with RL
+    more_labels: int | None  # a larger budget that should at least match the target one
+    differences: tuple[str, ...]  # what still differs from the paper, written under the table
+    differences_from: str  # "appendix A.1"
+    file_prefix: str  # DOCS/<prefix>_<task>.png, DOCS/<prefix>_<combined>.png
+    combined: str  # the combined figure's file stem, e.g. "fig2"
+    metric: str = "true_return"  # the metrics column drawn and tabled
+    metric_text: str = "true return"  # ... in words
+    y_label: str = "true return per episode\n(mean of 5 consecutive iterations)"
+    default_seeds: int = 5
+    smooth: int = 5  # points averaged per seed: "the average reward over five consecutive batches"
+
+    # ------------------------------------------------------------------ results
+    @property
+    def table_begin(self) -> str:
+        return f"<!-- {self.name}:table:begin -->"
+
+    @property
+    def table_end(self) -> str:
+        return f"<!-- {self.name}:table:end -->"
+
+    @property
+    def section_title(self) -> str:
+        return f"## {self.title} (python -m experiments.{self.name})"
+
+    def finished_finals(self, root: Path, task: str, labels: int | None, seeds, steps: int) -> list[float]:
+        """The final return (:func:`experiments.grid.final_return`) of each finished seed of one arm."""
+        finals = []
+        for seed in seeds:
+            directory = run_dir(root, task, labels, seed, steps)
+            if (directory / "summary.json").exists():
+                value = final_return(run_metrics(directory), self.metric)
+                if value is not None:
+                    finals.append(value)
+        return finals
+
+    def results_table(self, root: Path, tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> str:
+        """The Markdown table: per task, each arm's final return over finished seeds, the target
+        check and, when both were run, whether the larger budget at least matches the target one."""
+        target, more = self.target_labels, self.more_labels
+        compare_more = target in label_budgets and more in label_budgets
+        head = [f"{n} labels" for n in label_budgets] + ["RL on the true reward", f"{target} labels vs RL"]
+        head += [f"{more} ≥ {target}"] if compare_more else []
+        lines = ["| task | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
+        for task in tasks:
+            finals = {n: self.finished_finals(root, task, n, seeds, steps_for(task)) for n in [*label_budgets, None]}
+            cells = [_cell(finals[n]) for n in [*label_budgets, None]]
+            aim, rl = finals.get(target, []), finals[None]
+            cells.append("PASS" if aim and rl and meets_target(np.mean(aim), np.mean(rl))
+                         else "FAIL" if aim and rl else "–")
+            if compare_more:
+                larger = finals[more]
+                cells.append(("yes" if np.mean(larger) >= np.mean(aim) else "no") if larger and aim else "–")
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def reproduce_command(self, tasks, label_budgets, seeds, steps_override: int | None) -> str:
+        """The command line that reruns (or, finished, redraws) exactly this grid."""
+        parts = [f"python -m experiments.{self.name}", "--tasks", *tasks]
+        parts += ["--seeds", str(len(seeds))] if list(seeds) == list(range(len(seeds))) else ["--seed-list", *map(str, seeds)]
+        parts += ["--labels", *map(str, label_budgets)]
+        budgets = {self.default_steps[t] for t in tasks if t in self.default_steps}
+        if steps_override is not None or len(budgets) == 1:
+            parts += ["--steps", str(steps_override if steps_override is not None else budgets.pop())]
+        return " ".join(parts)
+
+    def section_markdown(self, table: str, command: str, steps_for: Callable[[str], int], tasks, figure: str) -> str:
+        """What goes between the markers in results.md: table, how to read it, the command, the
+        date, the per-task step budgets, the remaining differences from the paper and the figure."""
+        budgets = {steps_for(t) for t in tasks}
+        steps = "" if len(budgets) == 1 else "; environment steps per run: " + ", ".join(f"{t} {steps_for(t):,}" for t in tasks)
+        lines = [
+            table, "",
+            f"Final {self.metric_text}: the mean of the last {FINAL_ROWS} metrics rows (training iterations) "
+            "that have one, of each finished seed; then mean ± std over those seeds. "
+            f"\"{self.target_labels} labels vs RL\" passes when {self.target_labels} labels reach "
+            f"{TARGET_FRACTION:.0%} of RL's mean (when RL's mean is ≤ 0: at most {1 - TARGET_FRACTION:.0%} of |RL| "
+            "below it); – where an arm has no finished seed. The curves smooth each seed over "
+            f"{self.smooth} consecutive iterations.", "",
+            f"Reproduce: `{command}` ({datetime.date.today().isoformat()}{steps}).", "",
+            f"Remaining differences from {self.differences_from}:", "",
+            *[f"- {item}" for item in self.differences], "",
+            f"![{self.title} on this machine]({figure})",
+        ]
+        return "\n".join(lines)
+
+    def write_results_section(self, results_md_path, markdown: str) -> None:
+        """Put ``markdown`` between the table markers of ``results_md_path``, leaving everything
+        outside them as it was; without markers, append a new section holding them.  Written
+        atomically (a temporary file in the same directory, then ``os.replace``) so a crash never
+        leaves it half written."""
+        begin_mark, end_mark = self.table_begin, self.table_end
+        path = Path(results_md_path)
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        begin, end = text.find(begin_mark), text.find(end_mark)
+        block = f"{begin_mark}\n{markdown.strip()}\n{end_mark}"
+        if begin == -1 and end == -1:
+            while text and not text.endswith("\n\n"):  # one blank line before the new section
+                text += "\n"
+            new = f"{text}{self.section_title}\n\n{block}\n"
+        elif begin == -1 or end == -1 or end < begin or text.count(begin_mark) > 1 or text.count(end_mark) > 1:
+            raise GridError(f"{path}: the markers {begin_mark} and {end_mark} must each appear once, in that order")
+        else:
+            new = text[:begin] + block + text[end + len(end_mark):]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(new)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    # ------------------------------------------------------------------ figures
+    def seed_curves(self, root: Path, task: str, labels: int | None, seeds,
+                    steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(environment steps, return [seed, point]) of one arm, each seed smoothed over
+        ``smooth`` consecutive rows and cut to the rows every seed has (runs may still be going);
+        None when no seed has a row."""
+        runs = []
+        for seed in seeds:
+            rows = [r for r in run_metrics(run_dir(root, task, labels, seed, steps)) if r.get(self.metric) is not None]
+            if rows:
+                runs.append((np.array([r["env_steps"] for r in rows], float),
+                             np.array([r[self.metric] for r in rows], float)))
+        if not runs:
+            return None
+        n = min(len(y) for _, y in runs)
+        k = min(self.smooth, n)
+        window = np.ones(k) / k
+        ys = np.stack([np.convolve(y[:n], window, mode="valid") for _, y in runs])
+        return runs[0][0][k - 1:n], ys
+
+    def draw_task(self, ax, root: Path, task: str, label_budgets, seeds, steps: int) -> dict:
+        """One panel: each arm's mean over seeds as a line, ± std shaded.  Returns {legend stem:
+        (line, seeds drawn)} for the arms that have any rows."""
+        from matplotlib.ticker import MaxNLocator
+
+        drawn = {}
+        for labels, stem, colour in arm_styles(label_budgets):
+            curves = self.seed_curves(root, task, labels, seeds, steps)
+            if curves is None:
+                continue
+            x, ys = curves
+            mean, std = ys.mean(0), ys.std(0)
+            (line,) = ax.plot(x, mean, color=colour)
+            ax.fill_between(x, mean - std, mean + std, color=colour, alpha=0.2, linewidth=0)
+            drawn[stem] = (line, len(ys))
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_formatter(steps_label)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        return drawn
+
+    def plot(self, root: Path, docs: Path, tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> list[Path]:
+        """One PNG per task and the combined ``<prefix>_<combined>.png``; returns their paths."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        docs.mkdir(parents=True, exist_ok=True)
+        written = []
+        for task in tasks:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            drawn = self.draw_task(ax, root, task, label_budgets, seeds, steps_for(task))
+            ax.set_xlabel("environment steps")
+            ax.set_ylabel(self.y_label)
+            if drawn:
+                ax.legend([line for line, _ in drawn.values()],
+                          [f"{stem} {_seeds_note([k])}" for stem, (_, k) in drawn.items()], fontsize=8)
+            fig.tight_layout()
+            written.append(docs / f"{self.file_prefix}_{task}.png")
+            fig.savefig(written[-1], dpi=110)
+            plt.close(fig)
+
+        cols = min(4, len(tasks))
+        rows = math.ceil(len(tasks) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows + 0.8), squeeze=False)
+        legend: dict[str, tuple] = {}  # stem -> (a line to show, seeds drawn on each task)
+        for ax, task in zip(axes.flat, tasks):
+            for stem, (line, k) in self.draw_task(ax, root, task, label_budgets, seeds, steps_for(task)).items():
+                legend.setdefault(stem, (line, []))[1].append(k)
+        for ax in axes.flat[len(tasks):]:
+            ax.set_visible(False)
+        for ax in axes[-1]:
+            ax.set_xlabel("environment steps")
+        for ax in axes[:, 0]:
+            ax.set_ylabel(self.y_label)
+        if legend:  # once for the figure; a seed count that differs between tasks shows as a range
+            fig.legend([line for line, _ in legend.values()],
+                       [f"{stem} {_seeds_note(counts)}" for stem, (_, counts) in legend.items()],
+                       loc="lower center", ncol=len(legend), fontsize=9, frameon=False)
+        fig.tight_layout(rect=(0, 0.06 if legend else 0, 1, 1))
+        written.append(docs / f"{self.file_prefix}_{self.combined}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+        return written
+
+    # ------------------------------------------------------------------ command line
+    def known_tasks(self) -> list[str]:
+        return importlib.import_module(f"experiments.{self.entry}").DOMAIN.tasks()
+
+    def parse_args(self, argv=None, doc: str | None = None) -> argparse.Namespace:
+        p = argparse.ArgumentParser(prog=f"python -m experiments.{self.name}", description=doc,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--tasks", nargs="+", default=list(self.tasks), help=f"default: {' '.join(self.tasks)}")
+        seeds = p.add_mutually_exclusive_group()
+        seeds.add_argument("--seeds", type=int, default=self.default_seeds, metavar="N",
+                           help=f"run seeds 0..N-1 (default {self.default_seeds})")
+        seeds.add_argument("--seed-list", type=int, nargs="+", default=None, metavar="S",
+                           help="run exactly these seeds instead")
+        p.add_argument("--labels", type=int, nargs="+", default=list(self.default_labels),
+                       help=f"synthetic-label budgets (default {' '.join(map(str, self.default_labels))})")
+        p.add_argument("--steps", type=int, default=None,
+                       help="environment steps per run on every task (default: the figure's own per task)")
+        p.add_argument("--root", default=f"runs/{self.name}", help="where the runs go (default %(default)s)")
+        p.add_argument("--docs", default="docs/results", help="where the PNGs go (default %(default)s)")
+        p.add_argument("--results-md", default="docs/results.md",
+                       help="Markdown file whose marked section receives the table (default %(default)s)")
+        p.add_argument("--jobs", type=int, default=1, help="runs at the same time (default 1)")
+        p.add_argument("--plot-only", action="store_true", help="run nothing; redraw and rewrite the table")
+        p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
+        args = p.parse_args(argv)
+        args.seed_list = list(range(args.seeds)) if args.seed_list is None else args.seed_list
+        args.labels = sorted(set(args.labels))
+        return args
+
+    def check_args(self, args: argparse.Namespace) -> None:
+        """Raise :class:`GridError` for flags that cannot make a grid."""
+        known = self.known_tasks()
+        bad = [t for t in args.tasks if t not in known]
+        if bad:
+            raise GridError(f"unknown task(s) {', '.join(bad)}; supported: {', '.join(known)}")
+        if len(set(args.tasks)) != len(args.tasks):
+            raise GridError("--tasks names a task twice")
+        missing = [t for t in args.tasks if args.steps is None and t not in self.default_steps]
+        if missing:
+            raise GridError(f"no default step budget for {', '.join(missing)}: give --steps")
+        if not args.seed_list or min(args.seed_list) < 0 or len(set(args.seed_list)) != len(args.seed_list):
+            raise GridError("seeds must be at least one, non-negative and distinct (--seeds N with N >= 1, or --seed-list)")
+        if min(args.labels) < 1:
+            raise GridError("--labels must be positive (the true-reward baseline is always run)")
+        if args.steps is not None and args.steps < 1:
+            raise GridError("--steps must be positive")
+        if args.jobs < 1:
+            raise GridError("--jobs must be at least 1")
+
+    def main(self, argv=None, doc: str | None = None) -> int:
+        args = self.parse_args(argv, doc)
+        root, docs, seeds = Path(args.root), Path(args.docs), args.seed_list
+        steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
+        try:
+            self.check_args(args)
+            states = plan(grid(args.tasks, args.labels, seeds, steps_for, entry=self.entry), root)
+        except GridError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.dry_run:
+            print(describe_plan(states, root), flush=True)
+            return 0
+        failed = []
+        if not args.plot_only:
+            print(describe_plan(states, root), flush=True)
+            todo = [(run, state) for run, state in states.items() if state != "finished"]
+            try:
+                failed = execute(todo, root, args.jobs, log=lambda line: print(line, flush=True), metric=self.metric)
+            except KeyboardInterrupt:
+                print("interrupted: the same command resumes the grid", file=sys.stderr)
+                return 130
+        table = self.results_table(root, args.tasks, args.labels, seeds, steps_for)
+        figures = self.plot(root, docs, args.tasks, args.labels, seeds, steps_for)
+        results_md = Path(args.results_md)
+        figure = os.path.relpath(figures[-1], results_md.parent)
+        command = self.reproduce_command(args.tasks, args.labels, seeds, args.steps)
+        try:
+            self.write_results_section(results_md, self.section_markdown(table, command, steps_for, args.tasks, figure))
+        except GridError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(table)
+        print(json.dumps({"plots": [str(f) for f in figures], "results": str(results_md)}))
+        if failed:
+            print(f"{len(failed)} run(s) failed; logs: " + ", ".join(str(r.log_path(root)) for r in failed),
+                  file=sys.stderr)
+            return 1
+        return 0
