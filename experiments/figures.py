@@ -16,17 +16,21 @@ import importlib
 import json
 import math
 import os
+import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from experiments.grid import (FINAL_ROWS, GridError, describe_plan, execute, final_return, grid, plan, run_dir,
+from experiments import grid as grid_lib
+from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, plan, run_dir,
                               run_metrics, steps_label)
 
 TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
+WARMUP_ITERATIONS = 3  # iterations the wall-time estimate's warm-up runs (the first is start-up)
 
 
 def meets_target(learned_mean: float, rl_mean: float) -> bool:
@@ -49,6 +53,15 @@ def _cell(finals: list[float]) -> str:
 def _seeds_note(counts: list[int]) -> str:
     low, high = min(counts), max(counts)
     return f"({low} seed{'s' if high != 1 else ''})" if low == high else f"({low}–{high} seeds)"
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3.4 h``, ``2.1 days``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 172_800 else f"{seconds / 86_400:.1f} days"
 
 
 def arm_styles(label_budgets) -> list[tuple[int | None, str, tuple]]:
@@ -85,6 +98,12 @@ class Figure:
     y_label: str = "true return per episode\n(mean of 5 consecutive iterations)"
     default_seeds: int = 5
     smooth: int = 5  # points averaged per seed: "the average reward over five consecutive batches"
+    # the warm-up that estimates the grid's wall time (describe_estimate): WARMUP_ITERATIONS of the run's
+    # iterations (its iteration_steps; these steps where that is 0, one agent batch) and the flags that
+    # leave out the run's start-up phase
+    warmup_steps: int = WARMUP_ITERATIONS * 8192
+    warmup_flags: tuple[str, ...] = ()
+    startup_note: str = ""  # what of a run's start-up the estimate leaves out
 
     # ------------------------------------------------------------------ results
     @property
@@ -276,6 +295,55 @@ class Figure:
         plt.close(fig)
         return written
 
+    # ------------------------------------------------------------------ how long it will take
+    def warmup(self, run: Run, workdir: Path) -> tuple[float, float]:
+        """Run :data:`WARMUP_ITERATIONS` iterations of ``run``'s arm (its label schedule as over its
+        whole budget: ``--label-horizon``) with ``warmup_flags``, in ``workdir``; returns (seconds
+        before the first iteration's row, seconds per environment step after it), from the rows'
+        ``wall_s``."""
+        out = workdir / "run"
+        iteration = int(grid_lib.expected_config(run, workdir).get("iteration_steps") or 0)
+        steps = min(run.steps, WARMUP_ITERATIONS * iteration if iteration else self.warmup_steps)
+        argv = ["--env", run.task, "--seed", str(run.seed), "--steps", str(steps), "--out", str(out),
+                "--no-progress", *(["--baseline"] if run.labels is None else
+                                   ["--labels", str(run.labels), "--label-horizon", str(run.steps)]),
+                *run.extra, *self.warmup_flags]
+        proc = grid_lib.launch(argv, workdir / "warmup.log", entry=self.entry)
+        while proc.poll() is None:
+            time.sleep(grid_lib.POLL_S)
+        rows = [r for r in run_metrics(out) if r.get("wall_s") is not None]
+        if proc.poll() != 0 or len(rows) < 2:
+            tail = (workdir / "warmup.log").read_text(errors="replace")[-1500:]
+            raise GridError(f"the warm-up run did not give two iterations (exit {proc.poll()}):\n{tail}")
+        per_step = (rows[-1]["wall_s"] - rows[0]["wall_s"]) / max(rows[-1]["env_steps"] - rows[0]["env_steps"], 1)
+        return rows[0]["wall_s"] - per_step * rows[0]["env_steps"], per_step
+
+    def describe_estimate(self, todo: list[tuple[Run, str]], jobs: int, root: Path) -> str:
+        """The lines printed before the grid starts: a warm-up of the grid's first learning run,
+        measured, and what it says of the whole grid on this device (every run costed as a learning
+        run: the true-reward arm is cheaper, so this errs long)."""
+        import jax
+
+        device = jax.devices()[0].device_kind if jax.devices() else "?"
+        first = next((run for run, _ in todo if run.labels is not None), todo[0][0])
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="rlhp_warmup_") as d:
+            try:
+                startup, per_step = self.warmup(first, Path(d))
+            except GridError as e:
+                return f"no estimate: {e}"
+        steps = sum(run.steps - self._steps_done(run, state, root) for run, state in todo)
+        total = (len(todo) * startup + steps * per_step) / jobs
+        return (f"estimate on this device ({device}), from a {time.perf_counter() - t0:.0f} s warm-up of "
+                f"{first.task} {first.tag}: {1e6 * per_step:.0f} s per million environment steps, {startup:.0f} s "
+                f"start-up per run; {len(todo)} runs, {steps:,} steps to go, {jobs} at a time: about "
+                f"{_duration(total)}" + (f" ({self.startup_note})" if self.startup_note else ""))
+
+    @staticmethod
+    def _steps_done(run: Run, state: str, root: Path) -> int:
+        rows = run_metrics(run.directory(root)) if state == "resume" else []
+        return int(rows[-1].get("env_steps", 0)) if rows else 0
+
     # ------------------------------------------------------------------ command line
     def known_tasks(self) -> list[str]:
         return importlib.import_module(f"experiments.{self.entry}").DOMAIN.tasks()
@@ -298,11 +366,21 @@ class Figure:
         p.add_argument("--results-md", default="docs/results.md",
                        help="Markdown file whose marked section receives the table (default %(default)s)")
         p.add_argument("--jobs", type=int, default=1, help="runs at the same time (default 1)")
+        p.add_argument("--run-args", default="", metavar="FLAGS",
+                       help=f"more flags for every run's python -m experiments.{self.entry}, e.g. a smoke budget: "
+                            "--run-args='--iteration-steps 160 --pretrain-epochs 2' (part of each run's config: "
+                            "a finished run made with other flags is refused, not mixed in)")
+        p.add_argument("--no-estimate", action="store_true",
+                       help="start at once, without the short warm-up that estimates the grid's wall time")
         p.add_argument("--plot-only", action="store_true", help="run nothing; redraw and rewrite the table")
         p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
         args = p.parse_args(argv)
         args.seed_list = list(range(args.seeds)) if args.seed_list is None else args.seed_list
         args.labels = sorted(set(args.labels))
+        try:
+            args.run_args = tuple(shlex.split(args.run_args))
+        except ValueError as e:
+            p.error(f"--run-args: {e}")
         return args
 
     def check_args(self, args: argparse.Namespace) -> None:
@@ -331,7 +409,7 @@ class Figure:
         steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
         try:
             self.check_args(args)
-            states = plan(grid(args.tasks, args.labels, seeds, steps_for, entry=self.entry), root)
+            states = plan(grid(args.tasks, args.labels, seeds, steps_for, entry=self.entry, extra=args.run_args), root)
         except GridError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -342,6 +420,8 @@ class Figure:
         if not args.plot_only:
             print(describe_plan(states, root), flush=True)
             todo = [(run, state) for run, state in states.items() if state != "finished"]
+            if todo and not args.no_estimate:
+                print(self.describe_estimate(todo, args.jobs, root), flush=True)
             try:
                 failed = execute(todo, root, args.jobs, log=lambda line: print(line, flush=True), metric=self.metric)
             except KeyboardInterrupt:

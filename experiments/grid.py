@@ -53,6 +53,7 @@ class Run:
     seed: int
     steps: int
     entry: str = "mujoco"  # the entry point that runs it: python -m experiments.<entry>
+    extra: tuple[str, ...] = ()  # more flags of that entry point, the same for every run of the grid
 
     @property
     def tag(self) -> str:
@@ -70,13 +71,16 @@ class Run:
         """``experiments.<entry>`` flags that start this run in its directory."""
         argv = ["--env", self.task, "--seed", str(self.seed), "--steps", str(self.steps),
                 "--out", str(self.directory(root))]
-        return argv + (["--baseline"] if self.labels is None else ["--labels", str(self.labels)])
+        argv += ["--baseline"] if self.labels is None else ["--labels", str(self.labels)]
+        return argv + list(self.extra)
 
 
-def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int], entry: str = "mujoco") -> list[Run]:
+def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int], entry: str = "mujoco",
+         extra: tuple[str, ...] = ()) -> list[Run]:
     """Every run of the figure, seed by seed so that an interrupted grid covers every task."""
     arms = [*label_budgets, None]
-    return [Run(task, labels, seed, steps_for(task), entry) for seed in seeds for task in tasks for labels in arms]
+    return [Run(task, labels, seed, steps_for(task), entry, tuple(extra))
+            for seed in seeds for task in tasks for labels in arms]
 
 
 def expected_config(run: Run, root: Path) -> dict:

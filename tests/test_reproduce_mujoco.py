@@ -103,7 +103,7 @@ def grid(tmp_path, monkeypatch):
     monkeypatch.setattr(mg, "POLL_S", 0.0)
     root = tmp_path / "runs"
     argv = ["--root", str(root), "--docs", str(tmp_path / "docs" / "results"),
-            "--results-md", str(tmp_path / "docs" / "results.md"), "--steps", str(STEPS)]
+            "--results-md", str(tmp_path / "docs" / "results.md"), "--steps", str(STEPS), "--no-estimate"]
     return root, argv, fake
 
 
