@@ -1,0 +1,65 @@
+"""experiments.reproduce_atari (Christiano Fig. 3): the figure's settings, and the command end to
+end on a CPU smoke budget — real experiments.atari runs as subprocesses, the warm-up that prints
+the wall-time estimate, the table in results.md, the plots, and a second call that skips both
+finished runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import grid as mg
+from experiments import reproduce_atari as ra
+
+SMOKE = "--iteration-steps 160 --pretrain-epochs 2 --ensemble.num-members 1 --agent-config num_envs=2"
+
+
+def test_fig3_is_the_papers_seven_games_three_seeds_and_its_budgets():
+    assert ra.TASKS == ("BeamRider", "Breakout", "Enduro", "Pong", "Qbert", "Seaquest", "SpaceInvaders")
+    assert set(ra.TASKS) <= set(ra.FIG3.known_tasks())
+    assert ra.FIG3.default_seeds == 3 and ra.FIG3.default_labels == (3300, 5500)
+    assert all(ra.DEFAULT_STEPS[t] == 50_000_000 for t in ra.TASKS)  # A.2: "only 50 million timesteps"
+    assert ra.FIG3.metric == "episode_return" and ra.FIG3.entry == "atari"
+    # each run is an experiments.atari run with A.2's preset: A2C, and the RL arm on the clipped game reward
+    learned, rl = mg.grid(["Pong"], [5500], [0], ra.DEFAULT_STEPS.__getitem__, entry="atari")
+    config = mg.expected_config(learned, mg.Path("unused"))
+    assert config["agent"] == "a2c" and config["initial_label_count"] == 500 and config["rate_step"] == 5_000_000
+    assert mg.expected_config(rl, mg.Path("unused"))["baseline_reward"] == "clipped_game"
+
+
+def test_final_score_reads_episode_returns_where_episodes_ended():
+    rows = [{"episode_return": None}, {"episode_return": -21.0}, {"episode_return": None}, {"episode_return": -19.0}]
+    assert mg.final_return(rows, "episode_return") == -20.0
+    assert mg.final_return([{"episode_return": None}], "episode_return") is None
+
+
+def test_reproduce_atari_end_to_end_on_a_smoke_budget(tmp_path, capsys):
+    root, md = tmp_path / "runs", tmp_path / "results.md"
+    argv = ["--tasks", "Pong", "--seeds", "1", "--labels", "6", "--steps", "480", "--run-args", SMOKE,
+            "--root", str(root), "--docs", str(tmp_path / "docs"), "--results-md", str(md)]
+    assert ra.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "estimate on this device (cpu), from a" in out and "s per million environment steps" in out
+    for tag in ("6labels", "baseline"):
+        run = root / f"Pong-{tag}-480-seed0"
+        assert (run / "summary.json").exists()
+        config = json.loads((run / "config.json").read_text())
+        assert config["agent"] == "a2c" and config["iteration_steps"] == 160  # --run-args reached the run
+    text = md.read_text()
+    assert text.startswith(ra.FIG3.section_title) and ra.FIG3.table_begin in text and "| Pong |" in text
+    assert all(f"- {item}" in text for item in ra.A2_DIFFERENCES)
+    assert (tmp_path / "docs" / "atari_fig3.png").stat().st_size > 10_000
+    # again: both runs finished, nothing runs and no warm-up is spent
+    assert ra.main(argv) == 0
+    again = capsys.readouterr().out
+    assert "2 runs: 2 finished" in again and "estimate" not in again
+    # the same directories with other run flags are refused, not mixed in
+    assert ra.main([*argv[:9], "--iteration-steps 320", *argv[10:], "--dry-run"]) == 2
+    assert "holds another run" in capsys.readouterr().err
+
+
+def test_bad_run_args_are_refused_with_a_message(capsys):
+    with pytest.raises(SystemExit):
+        ra.FIG3.parse_args(["--run-args", "--iteration-steps '160"])
+    assert "--run-args" in capsys.readouterr().err
