@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,13 @@ from rlhp_jax import compile_cache
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
 from rlhp_jax.reward_models import RewardModelSpec
+
+# Ctrl-C for the CLIs a test stops with SIGINT (label and play servers): a suite started in the
+# background of a non-interactive shell inherits SIGINT ignored, and every child would inherit that
+# too, so the servers would never see the test's SIGINT and hang until its timeout.  A handler here
+# (not SIG_IGN) is reset to the default in each child at exec, where Python turns it into
+# KeyboardInterrupt.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])

@@ -78,20 +78,33 @@ def test_only_tasks_with_a_penalty_report_falls(env, falls):
     assert RunParts(RunConfig(env=env, total_steps=2048, labels=8)).has_falls == falls
 
 
-def test_learned_reward_ranks_falling_below_standing(hopper):
-    """200 synthetic labels on clips of the untrained Hopper, 400 fit steps: r̂ is lower on states
-    out of the healthy range than on healthy ones, and a clip with more fallen steps scores lower."""
+def test_learned_reward_ranks_clips_with_falls_as_the_oracle_does(hopper):
+    """200 synthetic labels on clips of the untrained Hopper, 400 fit steps: on clips holding a fall
+    r̂'s clip sums follow the oracle's (corr > 0.5 against the untrained model's negative one),
+    whichever key the fit draws.
+
+    What it does not claim: that r̂ is lower on fallen states than on healthy ones.  The untrained
+    Hopper is out of range on ~97 % of its steps, so the labeled clips hold few healthy states, and
+    r̂ on those is an extrapolation whose sign follows the fit's key (healthy − fallen: +0.27, −0.02
+    and −0.24 for keys 2, 3 and 5 on one host; BUILD_NOTES, falling tasks)."""
     parts, ens_state, rollout, member_r = hopper
     q = 256
     keys = jax.random.split(jax.random.PRNGKey(1), 3)
     buffer = parts.ensemble.empty_buffer(q, parts.seg_len)
     buffer, _, mask = jax.jit(parts.query_chunk, static_argnums=5)(buffer, member_r, rollout, tuple(keys), 200, q)
     assert int(mask.sum()) == 200
-    state, _ = jax.jit(parts.ensemble.fit, static_argnums=3)(ens_state, buffer, jax.random.PRNGKey(2), 400)
-    rewards = parts.agent_rewards(state, parts.member_rewards(state, rollout))
-    d = jax.jit(parts.fall_diagnostics)(rollout, rewards, parts.member_rewards(state, rollout), jax.random.PRNGKey(4))
-    assert float(d["rhat_fallen"]) < float(d["rhat_healthy"]) - 0.5
-    assert float(d["corr_fall_clips"]) > 0.5
+    fit = jax.jit(parts.ensemble.fit, static_argnums=3)
+    diagnostics = jax.jit(parts.fall_diagnostics)
+
+    def corr(state):
+        member = parts.member_rewards(state, rollout)
+        d = diagnostics(rollout, parts.agent_rewards(state, member), member, jax.random.PRNGKey(4))
+        return float(d["corr_fall_clips"])
+
+    untrained = corr(ens_state)
+    assert untrained < 0.2
+    for key in (2, 3):
+        assert corr(fit(ens_state, buffer, jax.random.PRNGKey(key), 400)[0]) > max(0.5, untrained + 0.5)
 
 
 def test_fall_diagnostics_plot(tmp_path):
