@@ -351,7 +351,7 @@ class Figure:
     def parse_args(self, argv=None, doc: str | None = None) -> argparse.Namespace:
         p = argparse.ArgumentParser(prog=f"python -m experiments.{self.name}", description=doc,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--tasks", nargs="+", default=list(self.tasks), help=f"default: {' '.join(self.tasks)}")
+        p.add_argument("--tasks", "--games", nargs="+", default=list(self.tasks), help=f"default: {' '.join(self.tasks)}")
         seeds = p.add_mutually_exclusive_group()
         seeds.add_argument("--seeds", type=int, default=self.default_seeds, metavar="N",
                            help=f"run seeds 0..N-1 (default {self.default_seeds})")
@@ -374,6 +374,7 @@ class Figure:
                        help="start at once, without the short warm-up that estimates the grid's wall time")
         p.add_argument("--plot-only", action="store_true", help="run nothing; redraw and rewrite the table")
         p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
+        self.add_arguments(p)
         args = p.parse_args(argv)
         args.seed_list = list(range(args.seeds)) if args.seed_list is None else args.seed_list
         args.labels = sorted(set(args.labels))
@@ -403,13 +404,31 @@ class Figure:
         if args.jobs < 1:
             raise GridError("--jobs must be at least 1")
 
+    # the hooks a figure of another shape (experiments.reproduce_ibarz) overrides
+    def runs(self, args: argparse.Namespace, steps_for: Callable[[str], int]) -> list[Run]:
+        """Every run of the grid the command line asks for."""
+        return grid(args.tasks, args.labels, args.seed_list, steps_for, entry=self.entry, extra=args.run_args)
+
+    def draw(self, args: argparse.Namespace, root: Path, docs: Path,
+             steps_for: Callable[[str], int]) -> tuple[str, list[Path]]:
+        """(the results table, the PNGs written: the combined figure last)."""
+        table = self.results_table(root, args.tasks, args.labels, args.seed_list, steps_for)
+        return table, self.plot(root, docs, args.tasks, args.labels, args.seed_list, steps_for)
+
+    def command_line(self, args: argparse.Namespace) -> str:
+        """The command that reruns (or redraws) the grid asked for."""
+        return self.reproduce_command(args.tasks, args.labels, args.seed_list, args.steps)
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        """Flags of this figure only (none here)."""
+
     def main(self, argv=None, doc: str | None = None) -> int:
         args = self.parse_args(argv, doc)
         root, docs, seeds = Path(args.root), Path(args.docs), args.seed_list
         steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
         try:
             self.check_args(args)
-            states = plan(grid(args.tasks, args.labels, seeds, steps_for, entry=self.entry, extra=args.run_args), root)
+            states = plan(self.runs(args, steps_for), root)
         except GridError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -427,11 +446,10 @@ class Figure:
             except KeyboardInterrupt:
                 print("interrupted: the same command resumes the grid", file=sys.stderr)
                 return 130
-        table = self.results_table(root, args.tasks, args.labels, seeds, steps_for)
-        figures = self.plot(root, docs, args.tasks, args.labels, seeds, steps_for)
+        table, figures = self.draw(args, root, docs, steps_for)
         results_md = Path(args.results_md)
         figure = os.path.relpath(figures[-1], results_md.parent)
-        command = self.reproduce_command(args.tasks, args.labels, seeds, args.steps)
+        command = self.command_line(args)
         try:
             self.write_results_section(results_md, self.section_markdown(table, command, steps_for, args.tasks, figure))
         except GridError as e:

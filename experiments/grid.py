@@ -37,10 +37,11 @@ def arm_tag(labels: int | None) -> str:
     return "baseline" if labels is None else f"{labels}labels"
 
 
-def run_dir(root: Path, task: str, labels: int | None, seed: int, steps: int) -> Path:
-    """``ROOT/TASK-TAG-STEPS-seedS`` (STEPS as ``1M``, ``200k``): where one run of the grid lives.
-    The budget is in the name so that runs of another budget stay where they are."""
-    return Path(root) / f"{task}-{arm_tag(labels)}-{steps_label(steps)}-seed{seed}"
+def run_dir(root: Path, task: str, labels: int | None, seed: int, steps: int, tag: str | None = None) -> Path:
+    """``ROOT/TASK-TAG-STEPS-seedS`` (STEPS as ``1M``, ``200k``; TAG :func:`arm_tag` unless given):
+    where one run of the grid lives.  The budget is in the name so that runs of another budget stay
+    where they are."""
+    return Path(root) / f"{task}-{arm_tag(labels) if tag is None else tag}-{steps_label(steps)}-seed{seed}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +55,19 @@ class Run:
     steps: int
     entry: str = "mujoco"  # the entry point that runs it: python -m experiments.<entry>
     extra: tuple[str, ...] = ()  # more flags of that entry point, the same for every run of the grid
+    # a figure whose arms differ by more than the label budget (Ibarz's setups): the variant's name, put
+    # before the budget in the tag, and its flags; a variant without labels learns no reward (no --baseline)
+    variant: str = ""
+    variant_argv: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
-        return arm_tag(self.labels)
+        if not self.variant:
+            return arm_tag(self.labels)
+        return self.variant if self.labels is None else f"{self.variant}-{arm_tag(self.labels)}"
 
     def directory(self, root: Path) -> Path:
-        return run_dir(root, self.task, self.labels, self.seed, self.steps)
+        return run_dir(root, self.task, self.labels, self.seed, self.steps, self.tag)
 
     def log_path(self, root: Path) -> Path:
         """Beside the run directory, so moving an incomplete directory aside keeps the log."""
@@ -71,8 +78,11 @@ class Run:
         """``experiments.<entry>`` flags that start this run in its directory."""
         argv = ["--env", self.task, "--seed", str(self.seed), "--steps", str(self.steps),
                 "--out", str(self.directory(root))]
-        argv += ["--baseline"] if self.labels is None else ["--labels", str(self.labels)]
-        return argv + list(self.extra)
+        if self.labels is not None:
+            argv += ["--labels", str(self.labels)]
+        elif not self.variant:
+            argv += ["--baseline"]
+        return argv + list(self.variant_argv) + list(self.extra)
 
 
 def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int], entry: str = "mujoco",
@@ -86,12 +96,18 @@ def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int], entry: st
 def expected_config(run: Run, root: Path) -> dict:
     """The ``config.json`` that ``experiments.<entry>`` would write for this run today — every
     setting, the code's defaults included — without its output path."""
-    from experiments.cli import build_parser, config_from_args
+    return config_of(run.entry, run.fresh_argv(root))
+
+
+def config_of(entry: str, argv: list[str]) -> dict:
+    """The ``config.json`` (without ``out``) that ``python -m experiments.<entry> ARGV`` would write."""
+    from experiments.cli import build_parser, config_from_args, ibarz_config_from_args
     from rlhp_jax.config import config_to_json
 
-    domain = importlib.import_module(f"experiments.{run.entry}").DOMAIN
-    args = build_parser(domain).parse_args(run.fresh_argv(root))
-    return {k: v for k, v in config_to_json(config_from_args(args, domain)).items() if k != "out"}
+    domain = importlib.import_module(f"experiments.{entry}").DOMAIN
+    args = build_parser(domain).parse_args(argv)
+    build = ibarz_config_from_args if args.agent == "dqfd" else config_from_args
+    return {k: v for k, v in config_to_json(build(args, domain)).items() if k != "out"}
 
 
 def _short(value) -> str:
