@@ -41,7 +41,7 @@ def meets_target(learned_mean: float, rl_mean: float) -> bool:
     return learned_mean >= rl_mean - (1 - TARGET_FRACTION) * abs(rl_mean)
 
 
-def _cell(finals: list[float]) -> str:
+def cell(finals: list[float]) -> str:
     """``mean ± std (n seeds)``, both to the precision the mean's size calls for; – without seeds."""
     if not finals:
         return "–"
@@ -139,7 +139,7 @@ class Figure:
         lines = ["| task | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
         for task in tasks:
             finals = {n: self.finished_finals(root, task, n, seeds, steps_for(task)) for n in [*label_budgets, None]}
-            cells = [_cell(finals[n]) for n in [*label_budgets, None]]
+            cells = [cell(finals[n]) for n in [*label_budgets, None]]
             aim, rl = finals.get(target, []), finals[None]
             cells.append("PASS" if aim and rl and meets_target(np.mean(aim), np.mean(rl))
                          else "FAIL" if aim and rl else "–")

@@ -53,7 +53,7 @@ from typing import Callable
 import numpy as np
 
 from experiments import grid as grid_lib
-from experiments.figures import Figure, _cell
+from experiments.figures import Figure, cell
 from experiments.grid import GridError, Run, final_return, run_metrics
 from rlhp_jax.config import FULL_SCHEDULE, IbarzConfig
 
@@ -162,12 +162,12 @@ class IbarzFigure(Figure):
         """{(task, setup, labels): the final score of each finished seed}."""
         out: dict[tuple, list[float]] = {}
         for run in runs:
-            cell = out.setdefault((run.task, run.variant, run.labels), [])
+            values = out.setdefault((run.task, run.variant, run.labels), [])
             directory = run.directory(root)
             if (directory / "summary.json").exists():
                 value = final_return(run_metrics(directory), self.metric)
                 if value is not None:
-                    cell.append(value)
+                    values.append(value)
         return out
 
     def ibarz_table(self, finals: dict, tasks, setups, schedules) -> str:
@@ -179,10 +179,10 @@ class IbarzFigure(Figure):
         for task in tasks:
             for name in setups:
                 setup = BY_NAME[name]
-                cells = [_cell(finals.get((task, name, n), [])) if setup.uses_labels else ""
+                cells = [cell(finals.get((task, name, n), [])) if setup.uses_labels else ""
                          for n in (schedules if with_labels else [])]
                 if "imitation" in setups:
-                    cells.append("" if setup.uses_labels else _cell(finals.get((task, name, None), [])))
+                    cells.append("" if setup.uses_labels else cell(finals.get((task, name, None), [])))
                 lines.append(f"| {task} | {setup.legend} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
