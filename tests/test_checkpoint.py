@@ -431,10 +431,11 @@ def test_sigkill_at_random_moments_leaves_last_complete_checkpoint(tmp_path, bac
         state, meta = ckpt.restore(template)
         s = check_consistent(state, meta, mb)
         assert s == ckpt.latest_step() >= max(saved + [last + background]) - background  # none lost
-        assert len(ckpt.all_steps()) <= 2
+        # keep=2, and one more where the kill fell between a save's commit and its pruning of the oldest
+        assert len(ckpt.all_steps()) <= 3
         # the run resumes: a further save works and cleans up what the kill left behind
         ckpt.save(s + 1, make_state(s + 1, mb), {"step": s + 1})
-        assert leftovers(d) == []
+        assert leftovers(d) == [] and len(ckpt.all_steps()) <= 2
         last = check_consistent(*ckpt.restore(template), mb)
         assert last == s + 1
     assert interrupted >= 1, "no kill landed inside a save; the test exercised nothing"
