@@ -353,7 +353,12 @@ def test_cli_records_until_ctrl_c_and_saves(tmp_path):
         hold(c, ["right"], 5)
     finally:
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=30)
+        try:
+            rest, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # it ignored Ctrl-C: fail without leaving a server behind
+            proc.kill()
+            proc.communicate()
+            raise
     assert proc.returncode == 0, rest
     assert "saved to" in rest and str(out) in rest, rest
     d = demos_lib.load_demos(out, EnvpoolVecEnv("Pong", 1))

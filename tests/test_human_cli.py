@@ -43,7 +43,12 @@ def test_a_saved_queue_is_labeled_by_every_labeler_without_a_trainer(queue, tmp_
         assert status["labels"] == 6 and status["queued_for_me"] == 21  # every labeler sees every pair
     finally:
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # it ignored Ctrl-C: fail without leaving a server behind
+            proc.kill()
+            proc.communicate()
+            raise
     assert "6 answers from 2 labeler(s) on 24 pairs" in out
 
     exported = tmp_path / "labels.jsonl"
