@@ -116,7 +116,7 @@ def test_prune_keeps_the_most_recently_used_entries_within_the_bound(entries, ma
             assert all(last_use(k) >= last_use(g) for k in kept for g in gone)  # least recently used go first
             # stamps go with their entries; the entry deleted last was needed to reach the bound
             assert {p.name for p in cache.glob(f"*{compile_cache.STAMP}")} == {f"e{i}{compile_cache.STAMP}" for i in kept}
-            newest_gone = max(gone, key=last_use)
+            newest_gone = max(gone, key=lambda i: (last_use(i), entries[i][0]))  # ties: the larger goes last
             assert sum(entries[i][0] for i in kept) + entries[newest_gone][0] > compile_cache.PRUNE_TO * max_bytes
 
 
