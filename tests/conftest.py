@@ -52,6 +52,22 @@ if _CACHE is None or not os.path.isdir(_CACHE):
 os.environ[compile_cache.ENV] = _CACHE
 compile_cache.enable(_CACHE)
 
+# Under pytest-xdist (the README's ``-n auto``; ``--dist loadfile --no-loadscope-reorder`` in
+# pyproject.toml) each file runs whole on one worker, in the order collected: the slowest files go
+# first so the workers end together instead of one finishing a long file alone.  Seconds of each
+# file in one process on the 2-core CPU (2026-11-25, ``--durations=0``); files not listed follow in
+# name order.  A stale figure costs balance, never a test.
+SLOW_FILES = {"test_ibarz.py": 258, "test_compiled.py": 252, "test_experiments.py": 121, "test_ibarz_human.py": 99,
+              "test_human_loop.py": 94, "test_ensemble.py": 60, "test_reproduce_atari.py": 60, "test_queries.py": 45,
+              "test_trpo.py": 46, "test_ppo.py": 41, "test_compile_cache.py": 40, "test_reproduce_ibarz.py": 34,
+              "test_demos.py": 33, "test_human_cli.py": 33, "test_driver.py": 29, "test_falls.py": 28,
+              "test_checkpoint.py": 27, "test_human_browser.py": 27, "test_atari_fidelity.py": 25}
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))  # stable: within a file, its own order
+
+
 settings.register_profile(
     "rlhp",
     deadline=None,
