@@ -26,6 +26,10 @@ The modifications of Christiano et al. 2017, appendix A, live here and only here
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+import types
 from typing import Any
 
 import jax
@@ -34,6 +38,56 @@ from flax import struct
 
 from rlhp_jax import tasks
 from rlhp_jax.core import EnvSpec, StepOut, VecEnv
+
+
+# gymnax's package imports every environment it has, and with them seaborn and matplotlib.pyplot
+# (for its own rendering, which this project never calls): ~1.6 s of each process's start-up
+# (seaborn pulls in scipy.stats and pandas), more than loading a CartPole run's programs from a
+# warm cache.  Those two stand deferred while gymnax is imported: each is a placeholder module
+# until one of its attributes is read, and then the real module (imported by whoever uses it:
+# the learning-curve plot loads pyplot as it always did).  importlib.util.LazyLoader cannot do
+# this: an ``import`` statement reads the module's ``__spec__``, which loads it.
+GYMNAX_PLOTTING_IMPORTS = ("seaborn", "matplotlib.pyplot")
+
+
+class _Deferred(types.ModuleType):
+    """Stands in ``sys.modules`` for a module not yet imported; the first attribute read imports
+    the real one, puts it in the placeholder's place and copies its namespace into the
+    placeholder (which the importers that ran meanwhile hold)."""
+
+    def __getattr__(self, attr: str):  # only for names the placeholder lacks
+        name = self.__name__
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        real = importlib.import_module(name)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, real)
+        self.__dict__.update({k: v for k, v in vars(real).items() if k != "__class__"})
+        return getattr(real, attr)
+
+
+def _defer(name: str) -> None:
+    if name in sys.modules:
+        return
+    parent, _, child = name.rpartition(".")
+    if parent:
+        importlib.import_module(parent)  # ``import a.b as c`` reads b as an attribute of a
+    placeholder = _Deferred(name)
+    sys.modules[name] = placeholder
+    if parent:
+        setattr(sys.modules[parent], child, placeholder)
+
+
+def import_gymnax():
+    """``gymnax``, imported with its plotting libraries deferred (``GYMNAX_PLOTTING_IMPORTS``)."""
+    if "gymnax" not in sys.modules:
+        for name in GYMNAX_PLOTTING_IMPORTS:
+            if importlib.util.find_spec(name.partition(".")[0]) is not None:  # else gymnax's import says so
+                _defer(name)
+    import gymnax
+
+    return gymnax
 
 
 @struct.dataclass
@@ -46,7 +100,7 @@ class GymnaxVecEnv:
     """A batch of gymnax environments with the paper's fixed-horizon, penalty-not-termination rule."""
 
     def __init__(self, name: str, num_envs: int, **overrides: Any):
-        import gymnax  # local: keep import cost off modules that do not step envs
+        gymnax = import_gymnax()  # here: keep its import cost off modules that do not step envs
 
         task = tasks.resolve(name)
         if task.backend != "gymnax":

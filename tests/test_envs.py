@@ -117,3 +117,31 @@ def test_reward_model_kind_follows_the_observation():
     assert reward_model_spec_for(spec((84, 84, 4))).kind == "cnn"  # Atari: the A.2 CNN
     assert reward_model_spec_for(spec((10, 10, 4))).kind == "mlp"  # MinAtar: too small for its convs
     assert reward_model_spec_for(spec((11,))).kind == "mlp"
+
+
+DEFERRED_CHECK = r"""
+import sys
+from rlhp_jax.envs import make_env
+
+make_env("CartPole-v1", 2)
+# gymnax's plotting libraries were not run (seaborn brings scipy.stats and pandas) ...
+print(sorted(m for m in ("scipy.stats", "pandas", "seaborn.palettes", "matplotlib.figure") if m in sys.modules))
+# ... yet each works when used, through gymnax's own names and through a later import
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import gymnax.environments.misc.pong as pong
+print(type(plt.figure()).__name__, len(pong.sns.color_palette("cubehelix", 3)), callable(pong.plt.subplots))
+import seaborn
+print(seaborn is sys.modules["seaborn"], "scipy.stats" in sys.modules)
+"""
+
+
+def test_gymnax_import_defers_its_plotting_libraries_until_used():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", DEFERRED_CHECK], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["[]", "Figure 3 True", "True True"], out.stdout
