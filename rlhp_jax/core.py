@@ -118,3 +118,18 @@ def weight_l2(params) -> jax.Array:
     L2 penalty of the reward model (Christiano §2.2.3) and of DQfD (Hester et al., λ₃)."""
     leaves = [p for p in jax.tree.leaves(params) if p.ndim > 1]
     return sum(jnp.sum(jnp.square(p)) for p in leaves) if leaves else jnp.zeros(())
+
+
+def sample_indices(key: jax.Array, counts: jax.Array, n: int) -> jax.Array:
+    """``n`` indices into ``counts`` [K], index i with probability counts[i] / Σ counts, drawn
+    independently: an inverse-CDF draw (integer cumulative sum, uniform integers, binary search),
+    O(K + n log K).  ``counts`` are non-negative whole numbers of any dtype (masks, bootstrap
+    counts); all zero: uniform over all K.  ``jax.random.categorical(key, log counts, shape=(n,))``
+    has the same distribution but draws n × K Gumbel variates: 640 clip starts among 4,000 steps
+    cost 97 ms on a CPU core against 0.7 ms here (BUILD_NOTES, "Drawing clips and batches")."""
+    c = jnp.asarray(counts)
+    c = (jnp.round(c) if jnp.issubdtype(c.dtype, jnp.floating) else c).astype(jnp.int32)
+    c = jnp.where(jnp.sum(c) > 0, c, 1)
+    cum = jnp.cumsum(c)
+    u = jax.random.randint(key, (n,), 0, cum[-1])
+    return jnp.searchsorted(cum, u, side="right").astype(jnp.int32)

@@ -45,7 +45,7 @@ from flax import struct
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy, preference_probability,
                                   segment_returns, target_return_loss)
-from rlhp_jax.core import loop_body_is_slow, weight_l2
+from rlhp_jax.core import loop_body_is_slow, sample_indices, weight_l2
 from rlhp_jax.reward_models import RewardModelSpec
 
 
@@ -306,12 +306,10 @@ class RewardEnsemble:
         k_tr, k_val, k_drop, k_noise = jax.random.split(key, 4)
         has_train = jnp.sum(w_train) > 0
         has_val = jnp.sum(w_val) > 0
-        logits_tr = jnp.where(w_train > 0, jnp.log(jnp.maximum(w_train, 1e-30)), -jnp.inf)
-        logits_tr = jnp.where(has_train, logits_tr, 0.0)
-        logits_val = jnp.where(w_val > 0, 0.0, -jnp.inf)
-        logits_val = jnp.where(has_val, logits_val, 0.0)
-        idx_tr = jax.random.categorical(k_tr, logits_tr, shape=(cfg.batch_size,))
-        idx_val = jax.random.categorical(k_val, logits_val, shape=(cfg.batch_size,))
+        # labels drawn in proportion to their bootstrap counts (held-out and empty slots weigh 0);
+        # no weight at all: uniform over the slots (and ``keep`` below leaves the member as it was)
+        idx_tr = sample_indices(k_tr, w_train, cfg.batch_size)
+        idx_val = sample_indices(k_val, w_val, cfg.batch_size)
         obs, act, mu = standardize(buffer.obs[idx_tr], *inputs), buffer.action[idx_tr], buffer.mu[idx_tr]
         obs_val = standardize(buffer.obs[idx_val], *inputs)
 

@@ -12,6 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from rlhp_jax.core import sample_indices
 from rlhp_jax.labels import SegmentPairs
 
 CANDIDATE_FACTOR = 10  # Christiano A: "a factor 10 more clip pair candidates"
@@ -47,8 +48,7 @@ def sample_segment_starts(key: jax.Array, boundary: jax.Array, num_segments: int
     """
     valid = valid_segment_starts(boundary, length, excluded)
     n_envs = valid.shape[1]
-    logits = jnp.where(valid.reshape(-1), 0.0, -jnp.inf)
-    flat = jax.random.categorical(key, logits, shape=(num_segments,))
+    flat = sample_indices(key, valid.reshape(-1), num_segments)  # no valid start: any start
     return (flat // n_envs).astype(jnp.int32), (flat % n_envs).astype(jnp.int32)
 
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import fast_jit
 from hypothesis import given, settings
 
+from rlhp_jax.core import sample_indices
 from rlhp_jax.queries import (
     gather_segments,
     sample_candidate_pairs,
@@ -31,6 +32,7 @@ select_jit = fast_jit(select_by_disagreement, static_argnums=1)
 starts_jit = fast_jit(valid_segment_starts, static_argnums=1)
 segments_jit = fast_jit(sample_segments, static_argnums=(5, 6))
 pairs_jit = fast_jit(sample_candidate_pairs, static_argnums=(5, 6))
+sample_indices_jit = fast_jit(sample_indices, static_argnums=2)
 
 
 # ------------------------------------------------------------------ disagreement
@@ -200,6 +202,28 @@ def test_sample_segments_cover_valid_starts_uniformly():
     np.add.at(counts, (t0, n0), 1)
     assert np.all(counts[~ok] == 0)
     assert np.all(np.abs(counts[ok] - 400) < 100), counts[ok]  # 400 ± 5σ
+
+
+@settings(max_examples=30, deadline=None)
+@given(hnp.arrays(np.int32, 16, elements=st.integers(0, 3)), st.integers(0, 2**31 - 1))  # one shape: one compile
+def test_sample_indices_draws_only_what_has_weight(counts, seed):
+    idx = np.asarray(sample_indices_jit(jax.random.key(seed), jnp.asarray(counts), 64))
+    assert idx.dtype == np.int32 and idx.shape == (64,) and np.all((0 <= idx) & (idx < counts.size))
+    if counts.sum() > 0:
+        assert np.all(counts[idx] > 0), (counts, idx)
+
+
+def test_sample_indices_frequencies_follow_the_counts():
+    """P(i) = counts[i] / Σ counts (bootstrap counts: a label drawn twice as often as a count of 1);
+    all zero: uniform."""
+    counts = np.array([0, 1, 3, 0, 2, 0, 0, 4], np.int32)
+    n = 100_000
+    freq = np.bincount(np.asarray(sample_indices_jit(jax.random.key(5), jnp.asarray(counts), n)), minlength=8) / n
+    p = counts / counts.sum()
+    assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12), freq
+    freq0 = np.bincount(np.asarray(sample_indices_jit(jax.random.key(6), jnp.zeros(8, jnp.float32), n)),
+                        minlength=8) / n
+    assert np.all(np.abs(freq0 - 1 / 8) < 5 * np.sqrt(1 / 8 * 7 / 8 / n)), freq0
 
 
 def test_boundary_on_final_step_allowed():
