@@ -44,6 +44,12 @@ differs).  Higher is better except where the unit says otherwise.  The sections,
             members vmapped: 1.0 means the extra members are free, 3.0 means no better than one
             after another.  The target on a GPU is ≤ 1.5× for the CNN; on CPU it is above 3×
             (a vmapped convolution becomes a grouped convolution, which XLA:CPU runs slowly).
+``draws``   Index draws/s of ``rlhp_jax.core.sample_indices`` (inverse CDF: what clip starts and
+            the reward model's batches use) against ``jax.random.categorical`` on the same
+            weights (what they used before: n × K Gumbel variates): 640 and 2,560 draws among
+            4,160 steps (a Pendulum iteration's candidates for 32 and 128 queries) and 2,048
+            among 49,152 (a larger pool), every 50th start unusable (an episode boundary).
+            ``--quick``: the first case only.
 ``loop``    End-to-end seeds·env steps/s of the compiled training loop for several seed counts,
             from ``experiments.benchmark_loop.rows(args)`` (``args``: this command's parsed
             arguments: ``quick``, ``repeats``, ``tasks``, ...).  Skipped with a note when that
@@ -78,11 +84,13 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 from experiments import bench_envs
 from experiments.bench_ensemble import bench as bench_reward_fit
 from experiments.bench_pipeline import best_time
 from rlhp_jax.agents import default_config, make_agent
+from rlhp_jax.core import sample_indices
 from rlhp_jax.ensemble import resolve_member_axis
 from rlhp_jax.envs import make_env
 from rlhp_jax.rollout import collect_rollout
@@ -114,6 +122,10 @@ REWARD_MEMBERS = (1, 3)
 QUICK_REWARD = {"mlp": dict(batch=16, segment_length=10, capacity=16),
                 "cnn": dict(batch=2, segment_length=5, capacity=4)}
 CNN_RATIO_TARGET = 1.5  # GPU target for the vmapped CNN: time(3 members) / time(1 member)
+
+# draws: (draws, weights): clip starts for 32 and 128 queries' candidates in a Pendulum iteration, and a
+# larger pool
+DRAW_CASES = ((640, 4_160), (2_560, 4_160), (2_048, 49_152))
 
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "envpool", "gymnax", "numpy")
 _STANDARD = ("section", "name", "value", "unit")
@@ -303,6 +315,23 @@ def reward_rows(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------------------ draws
+def _draw_rate(method: str, n: int, k: int, repeats: int) -> dict:
+    counts = jnp.arange(k) % 50 != 49  # every 50th start unusable
+    if method == "inverse CDF":
+        fn = jax.jit(lambda key: sample_indices(key, counts, n))
+    else:
+        logits = jnp.where(counts, 0.0, -jnp.inf)
+        fn = jax.jit(lambda key: jax.random.categorical(key, logits, shape=(n,)))
+    seconds = best_time(fn, jax.random.PRNGKey(0), repeats=max(1, repeats))
+    return dict(value=n / seconds, unit="draws/s", method=method, draws=n, weights=k, seconds=seconds)
+
+
+def draw_rows(args: argparse.Namespace) -> list[dict]:
+    return [measure("draws", f"{method}, {n:,} among {k:,}", lambda: _draw_rate(method, n, k, args.repeats))
+            for n, k in (DRAW_CASES[:1] if args.quick else DRAW_CASES) for method in ("inverse CDF", "categorical")]
+
+
 # ------------------------------------------------------------------------------------ loop
 def loop_rows(args: argparse.Namespace) -> list[dict]:
     try:
@@ -322,7 +351,7 @@ def loop_rows(args: argparse.Namespace) -> list[dict]:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[dict]]] = {
-    "env": env_rows, "agent": agent_rows, "reward": reward_rows, "loop": loop_rows,
+    "env": env_rows, "agent": agent_rows, "reward": reward_rows, "draws": draw_rows, "loop": loop_rows,
 }
 
 

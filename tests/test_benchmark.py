@@ -19,7 +19,7 @@ def _only_file(path, suffix):
 
 
 def test_quick_env_and_reward_write_stamped_json_and_markdown(tmp_path, capsys):
-    out = benchmark.main(["--quick", "--repeats", "1", "--sections", "env", "reward", "--tasks", "CartPole-v1",
+    out = benchmark.main(["--quick", "--repeats", "1", "--sections", "env", "reward", "draws", "--tasks", "CartPole-v1",
                           "--envs", "8", "--models", "mlp", "--out", str(tmp_path)])
     data = json.loads(_only_file(tmp_path, ".json").read_text())
     md = _only_file(tmp_path, ".md").read_text()
@@ -33,20 +33,22 @@ def test_quick_env_and_reward_write_stamped_json_and_markdown(tmp_path, capsys):
         assert lib in stamp["versions"], lib
     assert stamp["versions"]["jax"] and stamp["versions"]["python"]
     assert stamp["quick"] is True
-    assert set(stamp["sections"]) == {"env", "reward"}
+    assert set(stamp["sections"]) == {"env", "reward", "draws"}
     assert all(s["status"] == "ok" and "note" not in s for s in stamp["sections"].values()), stamp["sections"]
 
     rows = data["rows"]
     names = [(r["section"], r["name"]) for r in rows]
     assert names == [("env", "CartPole-v1, 8 envs"),
                      ("reward", "MLP, 1 member, vmap"), ("reward", "MLP, 3 members, vmap"),
-                     ("reward", "MLP vmap: 3 members / 1 member")]
+                     ("reward", "MLP vmap: 3 members / 1 member"),
+                     ("draws", "inverse CDF, 640 among 4,160"), ("draws", "categorical, 640 among 4,160")]
     for r in rows:
         assert "error" not in r, r
         assert isinstance(r["value"], float) and math.isfinite(r["value"]) and r["value"] > 0, r
         assert r["unit"]
         assert r["peak_rss_mib"] > 0
-    env, one, three, ratio = rows
+    env, one, three, ratio, inverse, categorical = rows
+    assert inverse["unit"] == categorical["unit"] == "draws/s" and inverse["draws"] == 640
     assert env["unit"] == "env steps/s" and env["num_envs"] == 8 and env["library"] == "gymnax"
     assert one["unit"] == three["unit"] == "clip pairs/s" and (one["members"], three["members"]) == (1, 3)
     assert math.isclose(ratio["value"], one["steps_per_s"] / three["steps_per_s"])

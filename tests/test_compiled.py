@@ -200,8 +200,10 @@ def test_sweep_learns_cartpole(tmp_path):
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert {r["seed"] for r in rows} == {0, 1} and (out / "curves.png").stat().st_size > 10_000
     best = [max(r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None) for s in (0, 1)]
-    # a random policy scores ~20; one seed's best sits near 250 and moves with the CPU's numerics
-    assert min(best) >= 150, best
+    # a random policy scores ~20.  Best evaluations at 40k steps spread widely over seeds: 136–500 over
+    # 8 lanes (this test's two, 380 and 136, and a 6-seed sweep's 500, 161, 169, 212, 441, 206; 2026-11-25),
+    # and seed 1's moved 249 -> 136 with the draws of clip starts (same distribution, another stream)
+    assert min(best) >= 100, best
     assert summary["settings"][0]["seeds"] == 2 and rows[-1]["labels"] == 200
 
 
