@@ -84,7 +84,10 @@ class RunConfig:
     query_max_age_steps: int | None = None  # human: withdraw pairs unanswered for this many env steps
     ablation: str | None = None  # recorded; applied by ``with_ablation``
     checkpoint_every: int = 10  # iterations between checkpoints (0: only at the end)
-    checkpoint_on_labels: bool = True  # also checkpoint every iteration that added labels
+    # also checkpoint every iteration that added people's labels; the synthetic oracle's are replayed from
+    # the seed by a resume, so its runs checkpoint every checkpoint_every iterations only (a save on every
+    # labeled iteration slowed a 1M-step Reacher run from 106 s to 155 s: BUILD_NOTES)
+    checkpoint_on_labels: bool = True
     keep_checkpoints: int = 3
     out: str = "runs/classic"
 

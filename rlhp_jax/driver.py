@@ -302,7 +302,7 @@ class PreferenceRun:
             writer.write(row)
             tb.scalars(env_steps, row)
             if it == self.num_iters or (cfg.checkpoint_every and it % cfg.checkpoint_every == 0) \
-                    or (responded and cfg.checkpoint_on_labels):
+                    or (responded and cfg.checkpoint_on_labels and teacher.asynchronous):
                 save(it, state)
             if bar is not None:
                 bar.update(self.steps_per_iter)

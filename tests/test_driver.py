@@ -46,6 +46,11 @@ def test_entry_point_writes_metrics_plot_and_summary(cartpole_run):
     assert summary["labels"] == 60 == rows[-1]["labels"]
     # labels follow the schedule: a quarter up front, the rest spread over the run
     assert rows[0]["labels"] >= 15 and rows[0]["labels"] < 60
+    # the oracle's labels are replayed from the seed on a resume: checkpoints after the initial labels (0),
+    # every checkpoint_every (10) iterations and at the end (6 here), not on every iteration that added
+    # labels (which would keep the newest 3: 4, 5, 6)
+    steps = sorted(int(p.name) for p in (cartpole_run / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [0, len(rows)] and len(rows) == 6, steps
 
 
 def test_full_loop_beats_random_policy_on_true_return(cartpole_run):
