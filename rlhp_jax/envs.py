@@ -63,7 +63,7 @@ class _Deferred(types.ModuleType):
         parent, _, child = name.rpartition(".")
         if parent:
             setattr(sys.modules[parent], child, real)
-        self.__dict__.update({k: v for k, v in vars(real).items() if k != "__class__"})
+        self.__dict__.update(vars(real))
         return getattr(real, attr)
 
 

@@ -140,8 +140,9 @@ print(seaborn is sys.modules["seaborn"], "scipy.stats" in sys.modules)
 def test_gymnax_import_defers_its_plotting_libraries_until_used():
     import subprocess
     import sys
+    from pathlib import Path
 
     out = subprocess.run([sys.executable, "-c", DEFERRED_CHECK], capture_output=True, text=True, timeout=120,
-                         cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+                         cwd=str(Path(__file__).parents[1]))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[:3] == ["[]", "Figure 3 True", "True True"], out.stdout
