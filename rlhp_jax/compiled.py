@@ -13,9 +13,12 @@ oracle the two paths produce the same labels and (within float tolerance) the sa
 What the host driver decides on the host becomes data here:
 
 * **Label counts.** The schedule's counts per iteration are computed on the host, exactly as the
-  driver computes them, and travel in ``Hyper`` (``initial_queries``, ``new_queries``).  A
-  query count selects, through ``lax.switch``, the branch that asks for that count rounded up to
-  a power of two — the very shape the driver would compile — so the random draws agree.
+  driver computes them, and travel in ``Hyper`` (``initial_queries``, ``new_queries``).  The
+  queries are asked in the driver's chunks, at the config's two compiled sizes
+  (``RunParts.initial_chunk``, ``online_chunk``), each chunk under a ``lax.cond`` on whether it
+  holds a live query, so the random draws agree.  A lane whose budget is smaller than the
+  config's asks in the config's chunk sizes: a host run of that budget alone compiles its own
+  (smaller) sizes and draws other candidates.
 * **Numeric settings** in ``Hyper`` (the label budget, the teacher's mistake rate, the error
   rate of the preference model, the two learning rates) are traced values, so ``jax.vmap``
   runs a grid of them at once; ``None`` keeps the config's value as a compile-time constant.
@@ -46,8 +49,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlhp_jax.agents.common import evaluate
-from rlhp_jax.labels import bucket
-from rlhp_jax.loop import MAX_QUERY_CHUNK, RunParts, TrainState, step_keys
+from rlhp_jax.loop import RunParts, TrainState, step_keys
 
 # Hyper field -> where it lives in the run config (agent lr: per agent).
 SWEEPABLE = ("labels", "mistake_rate", "error_rate", "rm_learning_rate", "agent_learning_rate")
@@ -65,7 +67,7 @@ class Hyper(struct.PyTreeNode):
     rm_learning_rate: Any = None  # reward-model Adam learning rate
     agent_learning_rate: Any = None  # the agent's learning rate (PPO/A2C lr; TRPO's value-function lr)
     # The fields that carry a leading lane axis (``CompiledRun.lanes``); the others are shared by
-    # every lane, so that, e.g., one label schedule stays one ``lax.switch`` branch, not all of them.
+    # every lane, so that, e.g., one label schedule is not vmapped into a select over every lane's.
     lane_fields: tuple = struct.field(pytree_node=False, default=())
 
     def lane_axes(self) -> "Hyper":
@@ -79,25 +81,9 @@ class Hyper(struct.PyTreeNode):
         return self.replace(lane_fields=(), **{f: getattr(self, f)[i] for f in self.lane_fields})
 
 
-def query_counts(parts: RunParts) -> tuple[int, np.ndarray]:
-    """The driver's label schedule as counts: (initial, new queries after each iteration)."""
-    if not parts.learn:
-        return 0, np.zeros(parts.num_iters, np.int32)
-    schedule = parts.schedule
-    asked = schedule.initial
-    new = np.zeros(parts.num_iters, np.int32)
-    for it in range(1, parts.num_iters + 1):
-        due = int(schedule.due(it * parts.steps_per_iter))
-        new[it - 1] = max(0, due - asked)
-        asked = max(asked, due)
-    return schedule.initial, new
-
-
-def _room(max_n: int) -> int:
-    """The most queries ``CompiledRun._ask`` compiled for ``max_n`` can take at once."""
-    if max_n <= 0:
-        return 0
-    return math.ceil(max_n / MAX_QUERY_CHUNK) * MAX_QUERY_CHUNK if max_n > MAX_QUERY_CHUNK else bucket(max_n)
+def _room(max_n: int, size: int) -> int:
+    """The most queries ``RunParts.ask_oracle`` compiled for ``max_n`` in chunks of ``size`` can take at once."""
+    return math.ceil(max_n / size) * size if max_n > 0 else 0
 
 
 def _configured(config, hyper: Hyper):
@@ -140,7 +126,7 @@ class CompiledRun:
         self.parts = RunParts(config)  # the shapes; traced settings rebuild the parts inside the program
         self.num_iters = self.parts.num_iters
         self.steps_per_iter = self.parts.steps_per_iter
-        initial, new = query_counts(self.parts)
+        initial, new = self.parts.query_counts()
         self.max_initial = int(initial)
         self.max_new = int(new.max()) if new.size else 0
         self.progress = progress
@@ -160,8 +146,10 @@ class CompiledRun:
         if budget != cfg.labels and cfg.pretrain_epochs is not None:
             raise ValueError("pretrain_epochs ties the pretraining length to the budget; sweep labels with "
                              "pretrain_steps instead.")
-        initial, new = query_counts(RunParts(dataclasses.replace(cfg, labels=budget)))
-        if initial > _room(self.max_initial) or (new.size and new.max() > _room(self.max_new)):
+        initial, new = RunParts(dataclasses.replace(cfg, labels=budget)).query_counts()
+        parts = self.parts
+        if initial > _room(self.max_initial, parts.initial_chunk) or \
+                (new.size and new.max() > _room(self.max_new, parts.online_chunk)):
             raise ValueError(f"A budget of {budget} asks more queries at once than this program's largest batch "
                              f"(compile with labels={budget}).")
         if "agent_learning_rate" in values and cfg.agent not in AGENT_LR_FIELD:
@@ -211,7 +199,7 @@ class CompiledRun:
         def initial(state: TrainState) -> TrainState:
             state, rollout, member_r, (k_q, k_fit) = parts.initial_rollout(state)
             buffer, got = parts.ask_oracle(state.buffer, member_r, rollout, k_q, hyper.initial_queries,
-                                           self.max_initial)
+                                           self.max_initial, parts.initial_chunk)
             ens_state, _ = parts.ensemble.fit(state.ensemble, buffer, k_fit, parts.pretrain_steps)  # 0: normalization
             return state.replace(buffer=buffer, ensemble=ens_state, queries=hyper.initial_queries, labels=got)
 
@@ -228,7 +216,8 @@ class CompiledRun:
         evaluate_now = (it % cfg.eval_every == 0) | (it == self.num_iters)
         if parts.learn:
             n = hyper.new_queries[it - 1]
-            buffer, got = parts.ask_oracle(buffer, member_r, rollout, keys.queries, n, self.max_new)
+            buffer, got = parts.ask_oracle(buffer, member_r, rollout, keys.queries, n, self.max_new,
+                                           parts.online_chunk)
             state = state.replace(buffer=buffer, queries=state.queries + n, labels=state.labels + got)
             if parts.fit_steps > 0:
                 def fit(ens_state):

@@ -112,10 +112,10 @@ class PreferenceRun:
                                 native_frames=getattr(self.env, "native_frames", None))  # Atari: colour clips
         return OracleTeacher(self.cfg.teacher)
 
-    def _ask(self, teacher: Teacher, member_r, rollout, key, n: int, env_steps: int) -> int:
-        """Select ``n`` pairs from ``rollout`` (in chunks of a power-of-two size: few compiled
-        shapes) and pose them to ``teacher``; returns ``n``."""
-        chunks = query_chunks(n)
+    def _ask(self, teacher: Teacher, member_r, rollout, key, n: int, env_steps: int, size: int) -> int:
+        """Select ``n`` pairs from ``rollout`` (in chunks of the phase's compiled ``size``: see
+        ``loop``) and pose them to ``teacher``; returns ``n``."""
+        chunks = query_chunks(n, size)
         for (q, take), (k_c, k_t, k_a) in zip(chunks, chunk_keys(key, len(chunks))):
             pairs, render = self._candidates(member_r, rollout, k_c, take, q)
             teacher.ask(pairs, render, take, (k_t, k_a), env_steps)
@@ -209,7 +209,8 @@ class PreferenceRun:
             if earlier:
                 self.log(f"reusing {teacher.responses} answers and {earlier - teacher.responses} open pairs "
                          f"already in {out}")
-            asked = earlier + self._ask(teacher, member_r, rollout, k_q, max(0, initial - earlier), 0)
+            asked = earlier + self._ask(teacher, member_r, rollout, k_q, max(0, initial - earlier), 0,
+                                        parts.initial_chunk)
             teacher.publish(labels_due=initial, responses=teacher.responses, env_steps=0, total_steps=total_steps,
                             state="waiting for the first labels")
             buffer, got = self._collect(teacher, buffer, jax.random.fold_in(k_q, 2))
@@ -257,7 +258,7 @@ class PreferenceRun:
                 if teacher.max_pending is not None:
                     n = min(n, teacher.max_pending - pending)
                 if n > 0:
-                    asked += self._ask(teacher, member_r, rollout, keys.queries, n, env_steps)
+                    asked += self._ask(teacher, member_r, rollout, keys.queries, n, env_steps, parts.online_chunk)
                 buffer, got2 = self._collect(teacher, buffer, jax.random.fold_in(keys.queries, 2))
                 answered += got + got2
                 responded = teacher.responses > before

@@ -52,9 +52,14 @@ asked before RL: the ``no_online_queries`` ablation asks its whole budget up fro
 A run takes whole iterations of ``steps_per_iter`` environment steps, at least one: ``total_steps``
 is rounded down to them, and ``steps_note`` says so when that changes the number.
 
-Query counts are rounded up to a power of two (``labels.bucket``) and asked in chunks of at most
-``MAX_QUERY_CHUNK`` so that few shapes are ever compiled; the first ``n_live`` pairs of a
-chunk are real, the rest are masked out.
+Queries are asked in chunks of one compiled size per phase of a run, so that two shapes are
+compiled, not one per count: ``initial_chunk`` for the labels asked before RL, ``online_chunk``
+for those asked after each iteration, each the phase's largest count (the label schedule's, or
+people's ``max_pending_queries``) rounded up to a power of two, at most ``MAX_QUERY_CHUNK``.  The
+first ``n_live`` pairs of a chunk are real, the rest are masked out; selection ranks candidates
+by disagreement, highest first, and only the first ``n_live·factor`` candidates compete, so a
+chunk with fewer live pairs picks what a smaller compiled size would have picked (its random
+draws differ: the candidates' starts are drawn for the compiled size).
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from rlhp_jax import agents as agents_lib
@@ -121,15 +127,17 @@ def step_keys(key) -> tuple[jax.Array, StepKeys]:
     return key, StepKeys(*keys)
 
 
-def query_chunks(n: int) -> list[tuple[int, int]]:
-    """``(q, take)`` of each chunk the driver asks ``n`` queries in: q = the compiled size, take ≤ q live."""
-    chunks = []
-    while n > 0:
-        q = min(bucket(n), MAX_QUERY_CHUNK)
-        take = min(n, q)
-        chunks.append((q, take))
-        n -= take
-    return chunks
+def chunk_size(most: int) -> int:
+    """The compiled size of a run's query chunks when at most ``most`` queries are asked at once: a
+    power of two (``labels.bucket``), at most ``MAX_QUERY_CHUNK``."""
+    return min(bucket(max(most, 1)), MAX_QUERY_CHUNK)
+
+
+def query_chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """``(q, take)`` of each chunk ``n`` queries are asked in: every chunk compiled at ``q = size``
+    (one shape per phase of a run: ``RunParts.initial_chunk``, ``RunParts.online_chunk``), the
+    first ``take`` of its pairs live."""
+    return [(size, min(size, n - lo)) for lo in range(0, n, size)]
 
 
 def chunk_keys(key, count: int) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
@@ -243,10 +251,28 @@ class RunParts:
             block = self.rollout_len * self.env.num_envs
             wanted = initial_rollout_steps(self.schedule.initial * config.candidate_factor, self.seg_len)
             self.initial_blocks = max(1, min(math.ceil(wanted / block), MAX_INITIAL_STEPS // block))
+        # one compiled size per phase for the query chunks (module docstring)
+        initial, new = self.query_counts()
+        self.initial_chunk = chunk_size(initial)
+        most = config.max_pending_queries if config.label_source == "human" else int(new.max(initial=0))
+        self.online_chunk = chunk_size(most)
         self.can_evaluate = hasattr(self.env, "episodic_reset")
         # a CNN policy on CPU (core.loop_body_is_slow): the driver runs an iteration's updates as a host loop
         network = getattr(getattr(self.agent, "pi", None), "network", "")
         self.iteration_loop = "host" if self.updates_per_iter > 1 and loop_body_is_slow(network) else "scan"
+
+    def query_counts(self) -> tuple[int, np.ndarray]:
+        """The label schedule as counts, as the driver asks the synthetic oracle: (labels asked
+        before RL, new queries after each iteration [iterations])."""
+        new = np.zeros(self.num_iters, np.int32)
+        if not self.learn:
+            return 0, new
+        asked = initial = int(self.schedule.initial)
+        for it in range(1, self.num_iters + 1):
+            due = int(self.schedule.due(it * self.steps_per_iter))
+            new[it - 1] = max(0, due - asked)
+            asked = max(asked, due)
+        return initial, new
 
     # ------------------------------------------------------------------ the run's state
     def fresh(self, key, reward_scale: bool = True) -> TrainState:
@@ -451,28 +477,22 @@ class RunParts:
         mask = (jnp.arange(q) < n_live) & ok
         return labels_lib.add_labels(buffer, k_a, pairs, mu, mask), mu, mask
 
-    def ask_oracle(self, buffer, member_r, rollout: Rollout, key, n, max_n: int):
+    def ask_oracle(self, buffer, member_r, rollout: Rollout, key, n, max_n: int, size: int):
         """``n`` queries to the synthetic oracle inside a compiled program, ``n`` traced and at most
-        ``max_n``: returns (buffer, labels added).  Chunk ``c`` takes ``chunk_keys``' c-th keys
-        and is a ``lax.switch`` over the power-of-two sizes, so the branch taken is the very shape
-        the host driver compiles for that count, and the random draws agree."""
+        ``max_n``: returns (buffer, labels added).  The driver's chunks (``query_chunks(n, size)``):
+        chunk ``c`` takes ``chunk_keys``' c-th keys and runs, at the compiled ``size``, when any of
+        its ``size`` queries is live, so the random draws agree with the driver's."""
         got = jnp.zeros((), jnp.int32)
         if max_n <= 0:
             return buffer, got
-        top = min(bucket(max_n), MAX_QUERY_CHUNK)
-        sizes = [1 << i for i in range(top.bit_length())]  # 1, 2, 4, … top
-        for c, keys in enumerate(chunk_keys(key, math.ceil(max_n / MAX_QUERY_CHUNK))):
-            n_c = jnp.clip(n - c * MAX_QUERY_CHUNK, 0, MAX_QUERY_CHUNK)
-            branch = jnp.where(n_c == 0, 0, 1 + sum((n_c > s).astype(jnp.int32) for s in sizes[:-1]))
+        for c, keys in enumerate(chunk_keys(key, math.ceil(max_n / size))):
+            n_c = jnp.clip(n - c * size, 0, size)
 
-            def asked(q, keys=keys, n_c=n_c):
-                def run(buffer):
-                    buffer, _, mask = self.query_chunk(buffer, member_r, rollout, keys, n_c, q)
-                    return buffer, jnp.sum(mask.astype(jnp.int32))
-                return run
+            def asked(buffer, keys=keys, n_c=n_c):
+                buffer, _, mask = self.query_chunk(buffer, member_r, rollout, keys, n_c, size)
+                return buffer, jnp.sum(mask.astype(jnp.int32))
 
-            buffer, added = jax.lax.switch(branch, [lambda b: (b, jnp.zeros((), jnp.int32))]
-                                           + [asked(q) for q in sizes], buffer)
+            buffer, added = jax.lax.cond(n_c > 0, asked, lambda b: (b, jnp.zeros((), jnp.int32)), buffer)
             got = got + added
         return buffer, got
 

@@ -69,8 +69,21 @@ def _params(state):
 def test_compiled_loop_is_the_driver(program, train_one, tmp_path):
     cfg = dataclasses.replace(program.config, out=str(tmp_path / "driver"))
     run = PreferenceRun(cfg, progress=False, log=lambda s: None)
+    asked, candidates = [], run._candidates
+
+    def recording(member_r, rollout, key, take, q):
+        asked.append((take, q))
+        return candidates(member_r, rollout, key, take, q)
+
+    run._candidates = recording
     run.run()
     final, metrics = train_one(jax.random.PRNGKey(cfg.seed), program.hyper())
+    # one compiled size per phase, whatever the count: the initial labels', then the largest online count's
+    parts = run.parts
+    initial, new = parts.query_counts()
+    assert asked[0] == (initial, parts.initial_chunk) and parts.initial_chunk == 4
+    assert {q for _, q in asked[1:]} == {parts.online_chunk} == {8} and len({t for t, _ in asked[1:]}) > 1
+    assert [t for t, _ in asked[1:]] == [int(n) for n in new if n > 0]
     driver = run.final["buffer"]
     assert int(final.labels) == cfg.labels == int(np.asarray(driver.filled).sum())
     np.testing.assert_array_equal(np.asarray(final.buffer.mu), np.asarray(driver.mu))

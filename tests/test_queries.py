@@ -12,6 +12,7 @@ from conftest import fast_jit
 from hypothesis import given, settings
 
 from rlhp_jax.core import sample_indices
+from rlhp_jax.loop import chunk_size, query_chunks
 from rlhp_jax.queries import (
     gather_segments,
     sample_candidate_pairs,
@@ -307,3 +308,15 @@ def test_run_selects_by_the_members_own_preference_predictions():
                           .reshape(-1))
     expected = gather_segments(rollout.obs, *map(jnp.asarray, chosen(by_raw)), seg_len)
     np.testing.assert_array_equal(np.asarray(pairs.obs), np.asarray(expected).reshape(q, 2, seg_len, -1))
+
+
+@given(st.integers(0, 5000), st.sampled_from([1, 2, 8, 64, 1024]))
+def test_query_chunks_cover_the_count_at_one_size(n, size):
+    chunks = query_chunks(n, size)
+    assert all(q == size and 1 <= take <= size for q, take in chunks)
+    assert sum(take for _, take in chunks) == n and all(take == size for _, take in chunks[:-1])
+
+
+@pytest.mark.parametrize("most, size", [(0, 1), (1, 1), (3, 4), (64, 64), (65, 128), (5000, 1024)])
+def test_chunk_size_is_the_largest_count_rounded_up_to_a_power_of_two(most, size):
+    assert chunk_size(most) == size
