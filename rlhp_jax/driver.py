@@ -273,8 +273,8 @@ class PreferenceRun:
                 if self.fit_steps > 0 and answered > 0:
                     ens_state, fit_m = self._fit(state.ensemble, state.buffer, keys.fit, self.fit_steps)
                     state = state.replace(ensemble=ens_state)
-                    row["rm_train_loss"] = float(jnp.nanmean(fit_m["train_loss"]))
-                    row["rm_l2"] = float(jnp.mean(ens_state.l2))
+                    row["rm_train_loss"] = float(np.nanmean(np.asarray(fit_m["train_loss"])))
+                    row["rm_l2"] = float(np.mean(np.asarray(ens_state.l2)))
                 t3 = time.perf_counter()
                 # validated with the evaluations and at iteration 1 (the model fitted on the initial labels),
                 # not at a resumed run's first iteration: its rows are the uninterrupted run's

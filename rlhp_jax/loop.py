@@ -65,6 +65,7 @@ draws differ: the candidates' starts are drawn for the compiled size).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -261,6 +262,15 @@ class RunParts:
         network = getattr(getattr(self.agent, "pi", None), "network", "")
         self.iteration_loop = "host" if self.updates_per_iter > 1 and loop_body_is_slow(network) else "scan"
 
+    @functools.cached_property
+    def _new_models(self):
+        """``(agent key, ensemble key) -> (agent state, ensemble state, empty label set)`` compiled as
+        one program: run op by op, the initializers, optimizer states and empty arrays were ~45
+        programs of one operation each, every one traced, lowered and loaded (or compiled) at every
+        start."""
+        return jax.jit(lambda k_agent, k_ens: (self.agent.init(k_agent), self.ensemble.init(k_ens),
+                                               self.ensemble.empty_buffer(self.label_capacity, self.seg_len)))
+
     def query_counts(self) -> tuple[int, np.ndarray]:
         """The label schedule as counts, as the driver asks the synthetic oracle: (labels asked
         before RL, new queries after each iteration [iterations])."""
@@ -280,12 +290,11 @@ class RunParts:
         skips the baseline's random-policy statistics (a run about to be restored from a
         checkpoint: they are in its metadata) and leaves (0, 1)."""
         key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
-        agent_state = self.agent.init(k_agent)
-        ens_state = self.ensemble.init(k_ens)
+        agent_state, ens_state, buffer = self._new_models(k_agent, k_ens)
         scale = self.reward_scale(k_scale) if reward_scale else jnp.asarray((0.0, 1.0), jnp.float32)
-        env_state, obs = self.env.reset(k_env)  # after reward_scale: its statistics step the environments
-        return TrainState(agent=agent_state, ensemble=ens_state,
-                          buffer=self.ensemble.empty_buffer(self.label_capacity, self.seg_len),
+        # after reward_scale: its statistics step the environments; a pure-JAX reset is one program
+        env_state, obs = (jax.jit(self.env.reset) if self.can_evaluate else self.env.reset)(k_env)
+        return TrainState(agent=agent_state, ensemble=ens_state, buffer=buffer,
                           env_state=env_state, obs=obs, key=key, reward_scale=scale,
                           queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
                           episode_sums=jnp.zeros((self.env.num_envs,), jnp.float32))

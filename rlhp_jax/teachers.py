@@ -150,13 +150,17 @@ class OracleTeacher:
     def __init__(self, teacher: SyntheticTeacher):
         self.teacher = teacher
         self.responses = 0
-        self._label = jax.jit(teacher.label_pairs)
+        self._label = jax.jit(self._label_first)
         self._answers: list[Answers] = []
+
+    def _label_first(self, key, pairs: SegmentPairs, take):
+        """Labels of every pair and the mask of those to train on: the first ``take``, answered."""
+        mu, ok = self.teacher.label_pairs(key, pairs)
+        return mu, (jnp.arange(pairs.num_pairs) < take) & ok
 
     def ask(self, pairs: SegmentPairs, render, take: int, keys, env_steps: int) -> None:
         k_label, k_add = keys
-        mu, ok = self._label(k_label, pairs)
-        mask = (jnp.arange(pairs.num_pairs) < take) & ok
+        mu, mask = self._label(k_label, pairs, take)
         check_labels(np.asarray(mu)[np.asarray(mask)])
         self._answers.append(Answers(pairs, mu, mask, k_add))
         self.responses += take
