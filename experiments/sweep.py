@@ -158,7 +158,9 @@ def run(argv=None) -> dict:
         progress = Progress(program.num_iters * program.steps_per_iter, program.steps_per_iter,
                             f"{cfg.env} {len(lanes)} lanes" + (f", {members} members" if args.members else ""),
                             enabled=main_process and not args.no_progress)
-        program.progress = progress
+        # the bar's host callback only when there is a bar: JAX stores no program with a host callback
+        # in the persistent cache, so a --no-progress sweep compiles once and loads after that
+        program.progress = progress if progress.enabled else None
         t0 = time.perf_counter()
         compiled, keys, hypers = program.compile_lanes(keys, hypers, mesh)
         t1 = time.perf_counter()

@@ -203,13 +203,22 @@ def test_bad_input_is_refused(program, tmp_path):
         sweep.run(["--env", "CartPole-v1", "--env-devices", "2", "--out", str(tmp_path / "s"), "--no-progress"])
 
 
-def test_sweep_learns_cartpole(tmp_path):
+def test_sweep_learns_cartpole(tmp_path, monkeypatch):
     """Two seeds of the compiled loop from preferences (the README's CartPole settings, 40k steps)."""
     from experiments import sweep
 
     out = tmp_path / "sweep"
+    callbacks, compile_lanes = [], CompiledRun.compile_lanes
+
+    def recording(self, *args, **kwargs):
+        callbacks.append(self.progress)
+        return compile_lanes(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompiledRun, "compile_lanes", recording)
     summary = sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(out),
                          "--no-progress"])
+    # no bar, no host callback in the program: JAX would not keep it in the persistent cache
+    assert callbacks == [None]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert {r["seed"] for r in rows} == {0, 1} and (out / "curves.png").stat().st_size > 10_000
     best = [max(r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None) for s in (0, 1)]
