@@ -66,7 +66,9 @@ def outcome(finals, metrics) -> dict:
 def main(argv):
     mode = argv[0]
     devices = 8 if mode == "reference" else 2
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # the test suite's fast compilation (conftest.FAST_COMPILE) for every program of this process
+    os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=1 "
+                               "--xla_llvm_disable_expensive_passes=true")
     import jax
 
     if mode == "host":
