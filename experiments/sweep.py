@@ -63,7 +63,9 @@ def parse(argv):
     p.add_argument("--num-processes", type=int)
     p.add_argument("--process-id", type=int)
     p.add_argument("--out", default=None, help="output directory (default runs/sweep/<env>)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar; the program then has no host callback, so the persistent compilation "
+                        "cache keeps it and the next such sweep loads it instead of compiling")
     p.add_argument("--compare", nargs="+", metavar="DIR",
                    help="draw finished sweeps (their metrics.jsonl) on one figure, compare.png in --out, and stop")
     args, rest = p.parse_known_args(argv)
