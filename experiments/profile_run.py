@@ -17,7 +17,12 @@ fetched from the device, ``eval`` = evaluation episodes; Ibarz's protocol has it
 * each component's total, its share of the process, and its median per iteration after the
   first (the first iteration compiles what the cache did not have: it is shown on its own);
 * ``other``: loop time no component accounts for (the initial labels and pretraining, checkpoint
-  saves, writing metrics, TensorBoard).
+  saves, writing metrics, TensorBoard);
+* the run's compiled programs (read from JAX's ``JAX_LOG_COMPILES`` lines, which the run writes
+  to its stderr and this script keeps off the screen): how many were traced, lowered, compiled
+  and loaded from the persistent cache, the seconds of each stage, and the programs that cost
+  most.  Every program is traced and lowered at every start, cached or not; a run with many
+  programs pays for them even warm.
 
 So the next bottleneck is on one screen.  Record findings in BUILD_NOTES.md with the device.
 """
@@ -26,12 +31,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
+
+# JAX's compile log (JAX_LOG_COMPILES=1), one pattern per stage: (program, seconds)
+STAGES = {
+    "traced": re.compile(r"Finished tracing (?:\+ transforming )?(\S+) for \S+ in ([0-9.e+-]+) sec"),
+    "lowered": re.compile(r"Finished jaxpr to MLIR module conversion jit\((\S+?)\) in ([0-9.e+-]+) sec"),
+    "compiled": re.compile(r"Finished XLA compilation of jit\((\S+?)\) in ([0-9.e+-]+) sec"),
+}
+CACHE_HIT = re.compile(r"Persistent compilation cache hit for 'jit_(\S+?)'")
+COMPILE_LOG = re.compile(r"^(WARNING|INFO|DEBUG):jax\._src\.|^Compiling |^Finished |^Persistent compilation cache")
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -55,6 +72,36 @@ def breakdown(rows: list[dict], process_s: float) -> dict:
                 iterations=len(rows), components=comps, other_s=max(loop_s - accounted, 0.0))
 
 
+def programs(log_lines) -> dict:
+    """What JAX's compile log says of a run's programs: per stage (traced, lowered, compiled) the
+    count and seconds, ``from_cache`` (compilations the persistent cache answered: their
+    "compiled" seconds are the load), and ``costliest``: the five programs of most lowering +
+    compiling seconds, summed over their instances."""
+    out = {stage: dict(count=0, seconds=0.0) for stage in STAGES}
+    per_program: dict[str, float] = defaultdict(float)
+    hits = 0
+    for line in log_lines:
+        for stage, pattern in STAGES.items():
+            m = pattern.search(line)
+            if m:
+                out[stage]["count"] += 1
+                out[stage]["seconds"] += float(m.group(2))
+                if stage != "traced":
+                    per_program[m.group(1)] += float(m.group(2))
+        hits += bool(CACHE_HIT.search(line))
+    out["from_cache"] = hits
+    out["costliest"] = sorted(per_program.items(), key=lambda kv: -kv[1])[:5]
+    return out
+
+
+def programs_text(p: dict) -> str:
+    t, l, c = p["traced"], p["lowered"], p["compiled"]
+    top = ", ".join(f"{name} {sec:.2f} s" for name, sec in p["costliest"])
+    return (f"programs: {t['count']} traced ({t['seconds']:.2f} s), {l['count']} lowered ({l['seconds']:.2f} s), "
+            f"{c['count']} compiled or loaded ({c['seconds']:.2f} s; {p['from_cache']} from the persistent cache)"
+            + (f"\nmost lowering + compiling: {top}" if top else ""))
+
+
 def table(b: dict) -> str:
     p = b["process_s"]
     pct = lambda s: f"{100 * s / p:.0f} %" if p > 0 else "—"
@@ -66,6 +113,8 @@ def table(b: dict) -> str:
         med = "—" if c["median_ms"] is None else f"{c['median_ms']:.1f} ms"
         lines.append(f"| {name} | {c['total_s']:.2f} | {pct(c['total_s'])} | {c['first_s']:.2f} | {med} |")
     lines.append(f"| other (initial labels, pretraining, checkpoints, writing) | {b['other_s']:.2f} | {pct(b['other_s'])} | | |")
+    if b.get("programs"):
+        lines += ["", programs_text(b["programs"])]
     return "\n".join(lines)
 
 
@@ -86,11 +135,20 @@ def main(argv=None):
     if "--no-progress" not in args:
         args.append("--no-progress")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", a.module, *args])
+    log: list[str] = []
+    proc = subprocess.Popen([sys.executable, "-m", a.module, *args], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, JAX_LOG_COMPILES="1"))
+    for line in proc.stderr:  # the compile log is read, everything else the run says goes on to the screen
+        if COMPILE_LOG.search(line):
+            log.append(line)
+        else:
+            sys.stderr.write(line)
+    proc.wait()
     process_s = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"the run failed (exit {proc.returncode}); nothing to profile")
     b = breakdown(read_rows(out / "metrics.jsonl"), process_s)
+    b["programs"] = programs(log)
     b["command"] = [a.module, *a.args]
     print(table(b))
     if a.json:

@@ -268,8 +268,11 @@ class RunParts:
         one program: run op by op, the initializers, optimizer states and empty arrays were ~45
         programs of one operation each, every one traced, lowered and loaded (or compiled) at every
         start."""
-        return jax.jit(lambda k_agent, k_ens: (self.agent.init(k_agent), self.ensemble.init(k_ens),
-                                               self.ensemble.empty_buffer(self.label_capacity, self.seg_len)))
+        def new_models(k_agent, k_ens):
+            return (self.agent.init(k_agent), self.ensemble.init(k_ens),
+                    self.ensemble.empty_buffer(self.label_capacity, self.seg_len))
+
+        return jax.jit(new_models)
 
     def query_counts(self) -> tuple[int, np.ndarray]:
         """The label schedule as counts, as the driver asks the synthetic oracle: (labels asked

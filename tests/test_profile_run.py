@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.profile_run import breakdown, table
+from experiments.profile_run import COMPILE_LOG, breakdown, programs, programs_text, table
 
 ROWS = [  # two iterations of a host-driver run: the first compiles
     dict(iteration=1, wall_s=5.0, time_agent_s=2.0, time_fit_s=1.0, time_labels_s=0.5),
@@ -31,3 +31,25 @@ def test_breakdown_totals_startup_and_rest():
 def test_breakdown_refuses_a_run_without_rows():
     with pytest.raises(ValueError, match="no metrics rows"):
         breakdown([], 1.0)
+
+
+LOG = """WARNING:jax._src.dispatch:Finished tracing fit for jit in 0.25 sec
+WARNING:jax._src.interpreters.pxla:Compiling jit(fit) with global shapes and types (ShapedArray(float32[3,64]),).
+WARNING:jax._src.dispatch:Finished jaxpr to MLIR module conversion jit(fit) in 0.5 sec
+WARNING:jax._src.compiler:Persistent compilation cache hit for 'jit_fit' with key 'jit_fit-12ab'
+WARNING:jax._src.dispatch:Finished XLA compilation of jit(fit) in 0.125 sec
+WARNING:jax._src.dispatch:Finished tracing + transforming iteration for pjit in 0.5 sec
+WARNING:jax._src.dispatch:Finished jaxpr to MLIR module conversion jit(iteration) in 0.25 sec
+WARNING:jax._src.dispatch:Finished XLA compilation of jit(iteration) in 2.0 sec
+a line the run printed
+""".splitlines()
+
+
+def test_programs_count_each_stage_and_the_cache_hits():
+    p = programs(LOG)
+    assert p["traced"] == dict(count=2, seconds=0.75) and p["lowered"] == dict(count=2, seconds=0.75)
+    assert p["compiled"] == dict(count=2, seconds=2.125) and p["from_cache"] == 1
+    assert p["costliest"] == [("iteration", 2.25), ("fit", 0.625)]
+    assert "2 traced (0.75 s)" in programs_text(p) and "1 from the persistent cache" in programs_text(p)
+    # what the compile log is, and what the run says (shown on the screen, not swallowed)
+    assert [bool(COMPILE_LOG.search(line)) for line in LOG] == [True] * 8 + [False]
