@@ -336,7 +336,7 @@ class IbarzRun:
         pool = [(lane, s) for lane, st in enumerate(starts) for s in st]
         if not pool:
             self.log("no clip fits in the latest trajectories: no labels this time")
-            return 0, None
+            return None
         lanes = np.array([p[0] for p in pool])
         steps = np.array([p[1] for p in pool])
         first, done = None, 0

@@ -255,3 +255,20 @@ def test_atari_path_with_frames_stored_once(tmp_path):
     assert rows[-1]["td_loss"] is not None and rows[-1]["model_reward_per_1000"] is not None
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["setup"] == "demos+prefs+autolabels" and cfg["reward_dropout"] == 0.2
+
+
+def test_no_clip_in_the_latest_trajectories_asks_nothing_and_says_so():
+    """A stage whose trajectories hold no whole clip poses no pairs and returns no initial pairs
+    (it returned a tuple, which the initial stage then took for pairs to autolabel)."""
+    from types import SimpleNamespace
+
+    from rlhp_jax.ibarz import IbarzRun
+
+    run = IbarzRun.__new__(IbarzRun)  # only what _label_recent reads
+    run.replay = SimpleNamespace(recent_segment_starts=lambda since, length: [np.zeros(0, np.int64)] * 2)
+    run.cfg = SimpleNamespace(segment_length=25)
+    run.teacher = SimpleNamespace(ask=lambda *a: pytest.fail("asked with no clips"))
+    said = []
+    run.log = said.append
+    assert run._label_recent(np.zeros(2, np.int64), 5, jax.random.PRNGKey(0)) is None
+    assert said == ["no clip fits in the latest trajectories: no labels this time"]
