@@ -91,7 +91,7 @@ class PreferenceRun:
         self._rollout_only = jax.jit(parts.rollout_only)
         self._candidates = jax.jit(parts.candidates, static_argnums=4)
         self._add = jax.jit(labels_lib.add_labels)
-        self._fit = self.ensemble.fitter()
+        self._fit = self.ensemble.fitter(block=self.fit_steps)  # pretraining in blocks of an iteration's fit
         self._evaluate_ensemble = jax.jit(self.ensemble.evaluate)
         self._correlation = jax.jit(parts.correlation)
         self._falls = jax.jit(parts.fall_diagnostics)

@@ -380,12 +380,18 @@ class RewardEnsemble:
         The input statistics are refreshed first and the reward normalization at the end (both over
         the label buffer's clips); a fit of 0 steps does only that (its metrics are NaN).
         """
+        return self.fit_keys(state, buffer, jax.random.split(key, num_steps))
+
+    def fit_keys(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, keys: jax.Array):
+        """``fit`` with its steps' keys given ([steps]): a fit of n·b steps is then n fits of b keys
+        each, with the same result (the input statistics and the normalization depend on the
+        buffer alone, and no step reads the normalization)."""
 
         def body(s, k):
             return self.train_step(s, buffer, k)
 
         state = self.update_input_statistics(state, buffer)
-        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_steps))
+        state, metrics = jax.lax.scan(body, state, keys)
         state = self.update_normalization(state, buffer)
         return state, jax.tree.map(lambda x: jnp.nanmean(x, axis=0), metrics)
 
@@ -396,11 +402,31 @@ class RewardEnsemble:
             return self.config.fit_loop
         return "host" if loop_body_is_slow(self.spec.kind, backend) else "scan"
 
-    def fitter(self, jit=jax.jit):
+    def fitter(self, jit=jax.jit, block: int | None = None):
         """A compiled ``fit(state, buffer, key, num_steps)`` with the same results either way:
-        the whole scan as one program, or a host loop over one compiled ``train_step``."""
+        the whole scan as one program, or a host loop over one compiled ``train_step``.
+
+        ``block`` (scan only): a fit whose step count is a multiple of it runs as that many
+        ``fit_keys`` calls of ``block`` keys each, one compiled program for every such count (a
+        run's 500 pretraining steps and its 50 per iteration): the same ``split(key, num_steps)``
+        keys in blocks, so the same steps; its metrics are the mean of the blocks' means."""
         if self.fit_loop() == "scan":
-            return jit(self.fit, static_argnums=3)
+            whole = jit(self.fit, static_argnums=3)
+            if not block:
+                return whole
+            blocks = jit(self.fit_keys)
+
+            def blocked_fit(state, buffer, key, num_steps):
+                if num_steps <= block or num_steps % block:
+                    return whole(state, buffer, key, num_steps)
+                keys = jax.random.split(key, num_steps).reshape(num_steps // block, block, *key.shape)
+                history = []
+                for k in keys:
+                    state, metrics = blocks(state, buffer, k)
+                    history.append(metrics)
+                return state, jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *history)
+
+            return blocked_fit
         step = jit(self.train_step)
         normalize = jit(self.update_normalization)
         inputs = jit(self.update_input_statistics)

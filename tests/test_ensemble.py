@@ -322,6 +322,21 @@ def test_host_fit_loop_equals_scan(ens1_noreg, fitted1_noreg, buffer1):
 
 
 
+def test_a_fit_in_blocks_equals_one_scan(ens1_noreg, fitted1_noreg, buffer1):
+    """The driver's pretraining runs as blocks of an iteration's fit (one compiled program for both
+    counts): the same keys in blocks give the scan's steps."""
+    block = N_FIT_1 // 4
+    assert N_FIT_1 % block == 0 and N_FIT_1 > block  # the blocked path, not the fallback
+    state = ens1_noreg.init(jax.random.key(4))
+    s_blk, m_blk = ens1_noreg.ens.fitter(jit=fast_jit, block=block)(state, buffer1, jax.random.key(5), N_FIT_1)
+    s_scan, m_scan = fitted1_noreg
+    tree_allclose(without_output_bias(s_blk.params), without_output_bias(s_scan.params), **PARAM_TOL)
+    np.testing.assert_allclose(s_blk.l2, s_scan.l2, rtol=1e-5)
+    np.testing.assert_allclose(s_blk.norm_std, s_scan.norm_std, rtol=1e-4)
+    np.testing.assert_allclose(m_blk["train_loss"], m_scan["train_loss"], rtol=1e-4)
+    assert int(s_blk.steps) == N_FIT_1
+
+
 def test_a_fit_of_no_steps_only_normalizes(ens1_noreg, buffer1):
     """No pretraining (A.1) still standardizes the inputs and normalizes r̂ over the initial labels:
     a 0-step fit, scan or host loop."""
