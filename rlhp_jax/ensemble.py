@@ -417,14 +417,16 @@ class RewardEnsemble:
             blocks = jit(self.fit_keys)
 
             def blocked_fit(state, buffer, key, num_steps):
-                if num_steps <= block or num_steps % block:
+                if num_steps == 0 or num_steps % block:
                     return whole(state, buffer, key, num_steps)
-                keys = jax.random.split(key, num_steps).reshape(num_steps // block, block, *key.shape)
+                keys = jax.random.split(key, num_steps)
+                if num_steps == block:
+                    return blocks(state, buffer, keys)
                 history = []
-                for k in keys:
+                for k in keys.reshape(num_steps // block, block, *key.shape):
                     state, metrics = blocks(state, buffer, k)
                     history.append(metrics)
-                return state, jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *history)
+                return state, jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *jax.device_get(history))
 
             return blocked_fit
         step = jit(self.train_step)

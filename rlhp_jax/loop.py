@@ -274,6 +274,12 @@ class RunParts:
 
         return jax.jit(new_models)
 
+    @functools.cached_property
+    def _reset(self):
+        """The environments' reset: one compiled program for a pure-JAX task (op by op, ~10), as it is
+        for envpool's emulators, which step outside any program."""
+        return jax.jit(self.env.reset) if self.can_evaluate else self.env.reset
+
     def query_counts(self) -> tuple[int, np.ndarray]:
         """The label schedule as counts, as the driver asks the synthetic oracle: (labels asked
         before RL, new queries after each iteration [iterations])."""
@@ -295,8 +301,8 @@ class RunParts:
         key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
         agent_state, ens_state, buffer = self._new_models(k_agent, k_ens)
         scale = self.reward_scale(k_scale) if reward_scale else jnp.asarray((0.0, 1.0), jnp.float32)
-        # after reward_scale: its statistics step the environments; a pure-JAX reset is one program
-        env_state, obs = (jax.jit(self.env.reset) if self.can_evaluate else self.env.reset)(k_env)
+        # after reward_scale: its statistics step the environments
+        env_state, obs = self._reset(k_env)
         return TrainState(agent=agent_state, ensemble=ens_state, buffer=buffer,
                           env_state=env_state, obs=obs, key=key, reward_scale=scale,
                           queries=jnp.zeros((), jnp.int32), labels=jnp.zeros((), jnp.int32),
