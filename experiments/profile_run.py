@@ -5,7 +5,8 @@
     python -m experiments.profile_run --json prof.json experiments.atari --env Pong --labels 500 --steps 8000
 
 Runs ``python -m MODULE ARGS --out TMP --no-progress`` (``--out`` given in ARGS is kept, and the
-run is then left on disk), times the whole process, and reads the ``time_*`` columns every
+run is then left on disk; with ``--resume RUN_DIR`` the resumed run is profiled, from the rows this
+process adds), times the whole process, and reads the ``time_*`` columns every
 iteration row of ``metrics.jsonl`` carries (host driver: ``agent`` = acting and the agent's
 update, ``labels`` = choosing and answering queries, ``fit`` = the reward model's steps,
 ``diagnostics`` = validation, correlation and fall statistics, ``metrics`` = the row's numbers
@@ -55,11 +56,13 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def breakdown(rows: list[dict], process_s: float) -> dict:
-    """Totals per ``time_*`` component from metrics rows; see the module docstring."""
+def breakdown(rows: list[dict], process_s: float, wall_before: float = 0.0) -> dict:
+    """Totals per ``time_*`` component from metrics rows; see the module docstring.  ``wall_before``:
+    the loop's clock when this process took over (a resumed run's rows carry the time of every
+    process before it in ``wall_s``)."""
     if not rows:
         raise ValueError("the run wrote no metrics rows")
-    loop_s = float(rows[-1]["wall_s"])
+    loop_s = float(rows[-1]["wall_s"]) - wall_before
     names = sorted({k for r in rows for k in r if k.startswith("time_") and k.endswith("_s")})
     comps = {}
     for k in names:
@@ -70,6 +73,15 @@ def breakdown(rows: list[dict], process_s: float) -> dict:
     accounted = sum(c["total_s"] for c in comps.values())
     return dict(process_s=process_s, startup_s=max(process_s - loop_s, 0.0), loop_s=loop_s,
                 iterations=len(rows), components=comps, other_s=max(loop_s - accounted, 0.0))
+
+
+def rows_added(before: list[dict], after: list[dict]) -> tuple[list[dict], float]:
+    """The rows of ``after`` that ``before`` (the same metrics file before a resumed run) did not
+    hold, and the loop's clock where they start: the ``wall_s`` of the row before the first of them
+    (0 when none).  A resume may rewrite rows past its checkpoint: those count as added."""
+    seen = {(r.get("iteration"), r.get("wall_s")) for r in before}
+    first = next((i for i, r in enumerate(after) if (r.get("iteration"), r.get("wall_s")) not in seen), len(after))
+    return after[first:], float(after[first - 1]["wall_s"]) if first > 0 else 0.0
 
 
 def programs(log_lines) -> dict:
@@ -128,10 +140,15 @@ def main(argv=None):
         p.error(f"expected an entry point such as experiments.classic, got {a.module!r}")
     args = list(a.args)
     tmp = None
-    if "--out" not in args:
-        tmp = tempfile.TemporaryDirectory(prefix="rlhp_profile_")
-        args += ["--out", tmp.name]
-    out = Path(args[args.index("--out") + 1])
+    if "--resume" in args[:-1]:
+        out = Path(args[args.index("--resume") + 1])
+    else:
+        if "--out" not in args[:-1]:
+            tmp = tempfile.TemporaryDirectory(prefix="rlhp_profile_")
+            args += ["--out", tmp.name]
+        out = Path(args[args.index("--out") + 1])
+    metrics = out / "metrics.jsonl"
+    before = read_rows(metrics) if metrics.is_file() else []
     if "--no-progress" not in args:
         args.append("--no-progress")
     t0 = time.perf_counter()
@@ -147,7 +164,10 @@ def main(argv=None):
     process_s = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"the run failed (exit {proc.returncode}); nothing to profile")
-    b = breakdown(read_rows(out / "metrics.jsonl"), process_s)
+    rows, wall_before = rows_added(before, read_rows(metrics))
+    if not rows:
+        sys.exit(f"the run added no iterations to {metrics} (already finished?); nothing to profile")
+    b = breakdown(rows, process_s, wall_before)
     b["programs"] = programs(log)
     b["command"] = [a.module, *a.args]
     print(table(b))

@@ -53,3 +53,16 @@ def test_programs_count_each_stage_and_the_cache_hits():
     assert "2 traced (0.75 s)" in programs_text(p) and "1 from the persistent cache" in programs_text(p)
     # what the compile log is, and what the run says (shown on the screen, not swallowed)
     assert [bool(COMPILE_LOG.search(line)) for line in LOG] == [True] * 8 + [False]
+
+
+def test_a_resumed_run_is_profiled_from_the_rows_it_added():
+    from experiments.profile_run import rows_added
+
+    before = ROWS[:2] + [dict(iteration=3, wall_s=6.5)]  # iteration 3 was written, then the run was killed
+    after = ROWS[:2] + [dict(iteration=3, wall_s=9.0, time_agent_s=1.0), dict(iteration=4, wall_s=10.0)]
+    added, wall_before = rows_added(before, after)
+    assert [r["iteration"] for r in added] == [3, 4] and wall_before == 6.0  # the resume redid iteration 3
+    b = breakdown(added, process_s=5.0, wall_before=wall_before)
+    assert b["loop_s"] == pytest.approx(4.0) and b["startup_s"] == pytest.approx(1.0) and b["iterations"] == 2
+    assert rows_added(after, after) == ([], 10.0)  # a finished run adds nothing
+    assert rows_added([], ROWS) == (ROWS, 0.0)  # a fresh run: every row, from the clock's zero
