@@ -12,6 +12,14 @@ sampled actions against r̂ on the mean actions, both clipped to the action boun
 environment receives them).  If r̂ ranks policies as the true reward does but by a much smaller
 margin than ``slope × true difference``, r̂ carries an offset that depends on the states a policy
 visits.  Christiano runs only (their newest checkpoint); the task is the reward model's run's.
+
+    python -m experiments.reward_diagnostics --rm RUN --retrain 120000 --retrain-seeds 3
+
+``--retrain STEPS`` asks the other question: is a failed run's r̂ itself wrong, or did the agent
+fail on a reward that moved while it learned?  It trains fresh agents (``--retrain-seeds`` of
+them, the run's own agent settings) for STEPS steps on the run's *final* r̂, frozen (no labels, no
+refit), and prints each one's greedy evaluation on the unmodified task every ``eval_every``
+iterations.  If fresh agents on the frozen r̂ fail the same way, the reward model is at fault.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhp_jax.agents.common import evaluate as agent_evaluate
 from rlhp_jax.config import RunConfig
 from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.rollout import collect_rollout
@@ -68,18 +77,57 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     return row
 
 
+def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> list[tuple[int, float]]:
+    """A fresh agent trained for ``steps`` environment steps on ``rm_run``'s r̂ as it stands in
+    ``rm_state`` (frozen): [(env steps, greedy evaluation return)] every ``eval_every`` iterations
+    and at the end."""
+    parts, cfg = rm_run.parts, rm_run.cfg
+    if not parts.learn:
+        raise ValueError(f"{cfg.out} trained on the true reward: it has no r̂ to retrain on")
+    iters = steps // parts.steps_per_iter
+    if iters < 1:
+        raise ValueError(f"--retrain needs at least one iteration: {parts.steps_per_iter} steps")
+    state = parts.fresh(jax.random.PRNGKey(seed)).replace(ensemble=rm_state["ensemble"])
+    iteration = jax.jit(parts.iteration)
+    evaluate = jax.jit(lambda params, k: agent_evaluate(parts.env, parts.agent, params, k, cfg.eval_episodes,
+                                                        parts.spec.horizon))
+    key = jax.random.PRNGKey(seed + 1)
+    evals = []
+    for it in range(1, iters + 1):
+        key, k_act, k_iter, k_eval = jax.random.split(key, 4)
+        state = parts.act(state.replace(key=k_act), k_iter, iteration)[0]
+        if it % cfg.eval_every == 0 or it == iters:
+            evals.append((it * parts.steps_per_iter, float(evaluate(state.agent.params, k_eval))))
+    return evals
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.reward_diagnostics", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run directories whose newest policies are scored")
+    p.add_argument("runs", nargs="*", help="run directories whose newest policies are scored")
     p.add_argument("--rm", required=True, help="the run whose reward model scores them")
     p.add_argument("--steps", type=int, default=1000, help="steps per environment (default 1000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--retrain", type=int, default=None, metavar="STEPS",
+                   help="train fresh agents for STEPS steps on --rm's final r̂, frozen (see above)")
+    p.add_argument("--retrain-seeds", type=int, default=3, metavar="N", help="fresh agents to train (default 3)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be positive")
+    if not args.runs and args.retrain is None:
+        p.error("give run directories to score, or --retrain STEPS")
+    if args.retrain is not None and (args.retrain < 1 or args.retrain_seeds < 1):
+        p.error("--retrain and --retrain-seeds must be positive")
     try:
         rm_run, rm_state = load(args.rm)
+        if args.retrain is not None:
+            for i in range(args.retrain_seeds):
+                evals = retrain(rm_run, rm_state, args.retrain, seed=args.seed + i)
+                if i == 0:
+                    print(f"fresh agents on the final r̂ of {args.rm}, frozen: greedy evaluation return at env steps")
+                print(f"seed {args.seed + i}: " + ", ".join(f"{s:,}: {r:.0f}" for s, r in evals), flush=True)
+            if not args.runs:
+                return 0
         print(f"r̂ of {args.rm}")
         print(f"{'run':44s} {'acting':8s} {'true return':>12s} {'r̂/step':>8s} {'corr':>6s} {'slope':>6s} {'action share':>12s}")
         for run in args.runs:

@@ -317,3 +317,22 @@ def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpol
         assert np.isfinite(true_return) and true_return <= 500 and np.isfinite(r_hat)
         assert np.isnan(corr) or -1 <= corr <= 1  # nan: a policy that never falls earns a constant true reward
     assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run / "missing")]) == 2
+
+
+def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run, capsys):
+    from experiments import reward_diagnostics
+
+    assert reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain", "2048", "--retrain-seeds", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("fresh agents on the final r̂ of") and len(lines) == 3
+    for seed, line in enumerate(lines[1:]):  # one iteration (2,048 steps), evaluated at its end
+        name, steps, ret = line.split(": ")
+        assert name == f"seed {seed}" and steps == "2,048" and 0 < float(ret) <= 500
+    run, state = reward_diagnostics.load(str(cartpole_run))
+    assert run.parts.learn and run.parts.steps_per_iter == 2048
+    (steps, ret), = reward_diagnostics.retrain(run, state, 2048, seed=0)  # the same agent as the CLI's seed 0
+    assert steps == 2048 and ret == pytest.approx(float(lines[1].split(": ")[2]), abs=0.5)
+    assert reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain", "1000"]) == 2
+    assert "at least one iteration: 2048 steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # nothing asked: neither runs to score nor --retrain
+        reward_diagnostics.main(["--rm", str(cartpole_run)])
