@@ -64,8 +64,8 @@ def parse(argv):
     p.add_argument("--process-id", type=int)
     p.add_argument("--out", default=None, help="output directory (default runs/sweep/<env>)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar; the program then has no host callback, so the persistent compilation "
-                        "cache keeps it and the next such sweep loads it instead of compiling")
+                   help="no progress bar: the lanes run as one program instead of blocks of iterations called "
+                        "from the host (both are kept by the persistent compilation cache)")
     p.add_argument("--compare", nargs="+", metavar="DIR",
                    help="draw finished sweeps (their metrics.jsonl) on one figure, compare.png in --out, and stop")
     args, rest = p.parse_known_args(argv)
@@ -90,7 +90,7 @@ def base_config(rest: list[str], labels_needed: int | None):
 
 
 class Progress:
-    """A tqdm bar over iterations fed by the program's host callback (every lane at once)."""
+    """A tqdm bar over iterations, fed between the program's blocks of iterations (every lane at once)."""
 
     def __init__(self, total_steps: int, steps_per_iter: int, desc: str, enabled: bool):
         self.bar, self.enabled = None, enabled
@@ -160,9 +160,10 @@ def run(argv=None) -> dict:
         progress = Progress(program.num_iters * program.steps_per_iter, program.steps_per_iter,
                             f"{cfg.env} {len(lanes)} lanes" + (f", {members} members" if args.members else ""),
                             enabled=main_process and not args.no_progress)
-        # the bar's host callback only when there is a bar: JAX stores no program with a host callback
-        # in the persistent cache, so a --no-progress sweep compiles once and loads after that
-        program.progress = progress if progress.enabled else None
+        # with a bar, the program runs in blocks of iterations and the bar moves between them (no host
+        # callback inside: JAX would not keep such a program in the persistent cache).  Several
+        # processes run one program each, with no bar: every process must run the same programs.
+        program.progress = progress if progress.enabled and jax.process_count() == 1 else None
         t0 = time.perf_counter()
         compiled, keys, hypers = program.compile_lanes(keys, hypers, mesh)
         t1 = time.perf_counter()

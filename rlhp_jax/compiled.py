@@ -27,7 +27,11 @@ What the host driver decides on the host becomes data here:
   is a separate program per value (``experiments.sweep --members 1 3``).
 
 ``train_lanes`` runs L lanes (seeds × settings) as a scan over iterations whose body is the
-vmapped step, so a progress callback sees every lane once per iteration.  With a ``mesh``, the
+vmapped step.  With a ``progress`` function the scan runs in blocks of iterations, one compiled
+program called from the host once per block (``PROGRESS_UPDATES`` blocks at most), and the host
+hands each iteration's metrics to ``progress`` between blocks: a host callback inside the program
+would keep JAX from storing it in the persistent compilation cache, so a sweep with a bar would
+compile afresh every time.  With a ``mesh``, the
 lanes are sharded over its devices (``NamedSharding``; one device or many, one host or many —
 see ``rlhp_jax.distributed``).
 
@@ -54,6 +58,9 @@ from rlhp_jax.loop import RunParts, TrainState, step_keys
 # Hyper field -> where it lives in the run config (agent lr: per agent).
 SWEEPABLE = ("labels", "mistake_rate", "error_rate", "rm_learning_rate", "agent_learning_rate")
 AGENT_LR_FIELD = {"ppo": "lr", "a2c": "lr", "trpo": "vf_lr"}
+# with a progress function, the iterations run in at most this many blocks (host calls): the bar
+# moves often enough, and a block's host round trip (~1 ms) stays far below its iterations' time
+PROGRESS_UPDATES = 100
 
 
 class Hyper(struct.PyTreeNode):
@@ -109,7 +116,8 @@ class CompiledRun:
     """A ``config.RunConfig`` compiled end to end.  Build once; call ``train`` / ``train_lanes``.
 
     ``progress(iteration, metrics)`` — if given — is called on the host once per iteration with
-    that iteration's metrics (arrays with a leading lane axis in ``train_lanes``).
+    that iteration's metrics (arrays with a leading lane axis), between blocks of iterations
+    (``compile_lanes``); the pure functions (``train_one``, ``lanes_fn``) never call it.
     """
 
     def __init__(self, config, progress: Callable[[int, dict], None] | None = None):
@@ -239,22 +247,13 @@ class CompiledRun:
         return state, m
 
     # ------------------------------------------------------------------ whole runs
-    def _report(self, it, metrics):
-        if self.progress is not None:
-            jax.debug.callback(self.progress, it, metrics)
-
     def train_one(self, key, hyper: Hyper | None = None):
         """One lane, pure and unjitted (``jax.vmap``-able over ``key`` and ``hyper``):
         returns (final TrainState, metrics dict of [iterations] arrays)."""
         hyper = self.hyper() if hyper is None else hyper
         state = self.init(key, hyper)
-
-        def body(state, it):
-            state, m = self.step(state, hyper, it)
-            self._report(it, m)
-            return state, m
-
-        return jax.lax.scan(body, state, jnp.arange(1, self.num_iters + 1, dtype=jnp.int32))
+        return jax.lax.scan(lambda state, it: self.step(state, hyper, it), state,
+                            jnp.arange(1, self.num_iters + 1, dtype=jnp.int32))
 
     def train(self, key, hyper: Hyper | None = None):
         """``train_one`` compiled."""
@@ -284,30 +283,49 @@ class CompiledRun:
             ensemble=inner(shapes.ensemble, members, n_members),
             buffer=lanes(shapes.buffer).replace(heldout=P("lanes", members), boot=P("lanes", members)))
 
+    def _shard(self, mesh: Mesh | None):
+        """States kept split over ``mesh`` as ``state_specs`` says (no mesh: as they are)."""
+        if mesh is None:
+            return lambda states: states
+        shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), self.state_specs(mesh),
+                                 is_leaf=lambda x: isinstance(x, P))
+        return lambda states: jax.lax.with_sharding_constraint(states, shardings)
+
+    def start_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None) -> TrainState:
+        """Every lane's start (``init``): states with a leading lane axis."""
+        # Fresh parameters lane after lane: the orthogonal initializer's QR, batched by vmap, can
+        # deadlock jaxlib's CPU LAPACK thread pool (BUILD_NOTES); one lane at a time it cannot.
+        states = jax.lax.map(lambda i: self.fresh(keys[i], hypers.lane(i)), jnp.arange(keys.shape[0]))
+        return self._shard(mesh)(jax.vmap(self.initial, in_axes=(0, hypers.lane_axes()))(states, hypers))
+
+    def iterate_lanes(self, states: TrainState, hypers: Hyper, its, mesh: Mesh | None = None,
+                      pad: bool = False):
+        """Iterations ``its`` [n] (1-based) of every lane: (states, metrics [n, L]).  ``pad``: an
+        iteration past ``num_iters`` leaves the states as they are and reports NaN (the last of
+        equal blocks)."""
+        axes, shard = hypers.lane_axes(), self._shard(mesh)
+
+        def body(states, it):
+            step = lambda s: jax.vmap(self.step, in_axes=(0, axes, None))(s, hypers, it)
+            if pad:
+                shapes = jax.eval_shape(step, states)[1]
+                skip = lambda s: (s, jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype)
+                                                  if jnp.issubdtype(m.dtype, jnp.floating) else jnp.zeros(m.shape, m.dtype),
+                                                  shapes))
+                states, m = jax.lax.cond(it <= self.num_iters, step, skip, states)
+            else:
+                states, m = step(states)
+            return shard(states), m
+
+        return jax.lax.scan(body, states, its)
+
     def lanes_fn(self, mesh: Mesh | None = None):
         """The pure many-lane program ``(keys [L], hypers [L]) -> (final states, metrics [L, iterations])``;
         with ``mesh``, the state is kept split over it as ``state_specs`` says."""
-        if mesh is None:
-            shard = lambda states: states
-        else:
-            shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), self.state_specs(mesh),
-                                     is_leaf=lambda x: isinstance(x, P))
-            shard = lambda states: jax.lax.with_sharding_constraint(states, shardings)
-
         def run(keys, hypers):
-            axes = hypers.lane_axes()
-            # Fresh parameters lane after lane: the orthogonal initializer's QR, batched by vmap, can
-            # deadlock jaxlib's CPU LAPACK thread pool (BUILD_NOTES); one lane at a time it cannot.
-            states = jax.lax.map(lambda i: self.fresh(keys[i], hypers.lane(i)), jnp.arange(keys.shape[0]))
-            states = shard(jax.vmap(self.initial, in_axes=(0, axes))(states, hypers))
-
-            def body(states, it):
-                states, m = jax.vmap(self.step, in_axes=(0, axes, None))(states, hypers, it)
-                states = shard(states)
-                self._report(it, m)
-                return states, m
-
-            states, metrics = jax.lax.scan(body, states, jnp.arange(1, self.num_iters + 1, dtype=jnp.int32))
+            states = self.start_lanes(keys, hypers, mesh)
+            its = jnp.arange(1, self.num_iters + 1, dtype=jnp.int32)
+            states, metrics = self.iterate_lanes(states, hypers, its, mesh)
             return states, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
 
         return run
@@ -329,28 +347,59 @@ class CompiledRun:
             raise ValueError(f"Splitting ensemble members over devices needs them vmapped; this ensemble walks them "
                              f"with member_axis={ens.mode!r}: set EnsembleConfig(member_axis='vmap').")
 
-    def compile_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
+    def compile_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None, block: int | None = None):
         """Place the lanes (split over ``mesh``'s devices when given — one host or several) and
         compile the many-lane program for them: returns (compiled program, keys, hypers) ready
-        to call, so callers can time compiling apart from running."""
+        to call, so callers can time compiling apart from running.  With ``progress`` set, the
+        program runs in blocks of ``block`` iterations (default: ``PROGRESS_UPDATES`` blocks at most;
+        the last block's iterations past the run's end are skipped)."""
         if mesh is not None:
             from rlhp_jax.distributed import global_lanes
 
             self.check_mesh(mesh, keys.shape[0])
             keys = global_lanes(keys, mesh)
             hypers = global_lanes(hypers, mesh, hypers.lane_axes())
-        return jax.jit(self.lanes_fn(mesh)).lower(keys, hypers).compile(), keys, hypers
+        if self.progress is None:
+            return jax.jit(self.lanes_fn(mesh)).lower(keys, hypers).compile(), keys, hypers
+        block = -(-self.num_iters // PROGRESS_UPDATES) if block is None else int(block)
+        if block < 1:
+            raise ValueError(f"a block holds at least one iteration, got {block}")
+        start = jax.jit(lambda k, h: self.start_lanes(k, h, mesh)).lower(keys, hypers).compile()
+        states = jax.eval_shape(lambda k, h: self.start_lanes(k, h, mesh), keys, hypers)
+        its = jax.ShapeDtypeStruct((block,), jnp.int32)
+        iterate = jax.jit(lambda s, h, i: self.iterate_lanes(s, h, i, mesh, pad=self.num_iters % block != 0))
+        return _Blocks(start, iterate.lower(states, hypers, its).compile(), block, self.num_iters,
+                       self.progress), keys, hypers
 
-    def train_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None):
+    def train_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None, block: int | None = None):
         """Run every lane at once (compiled): returns (final states [L], metrics [L, iterations]);
-        read sharded results with ``distributed.gather``."""
-        program, keys, hypers = self.compile_lanes(keys, hypers, mesh)
+        read sharded results with ``distributed.gather``.  ``block``: see ``compile_lanes``."""
+        program, keys, hypers = self.compile_lanes(keys, hypers, mesh, block)
         return program(keys, hypers)
 
 
-def train(key, config, hyper: Hyper | None = None, progress=None):
+class _Blocks:
+    """The many-lane program in blocks, called like the one-program form: ``(keys, hypers) ->
+    (final states, metrics [L, iterations])``; ``progress(it, metrics [L])`` between blocks."""
+
+    def __init__(self, start, iterate, block: int, num_iters: int, progress):
+        self.start, self.iterate, self.block, self.num_iters, self.progress = start, iterate, block, num_iters, progress
+
+    def __call__(self, keys, hypers):
+        states, parts = self.start(keys, hypers), []
+        for first in range(1, self.num_iters + 1, self.block):
+            states, m = self.iterate(states, hypers, jnp.arange(first, first + self.block, dtype=jnp.int32))
+            parts.append(m)
+            m = jax.device_get(m)
+            for j in range(min(self.block, self.num_iters - first + 1)):
+                self.progress(first + j, {k: v[j] for k, v in m.items()})
+        metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs)[:self.num_iters], *parts)
+        return states, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
+
+
+def train(key, config, hyper: Hyper | None = None):
     """Run ``config`` (a ``config.RunConfig`` on a gymnax task) as one compiled program.
 
     Returns (final ``TrainState``, metrics: dict of [iterations] arrays — env_steps, labels,
     true_return, eval_return, reward_correlation, …)."""
-    return CompiledRun(config, progress=progress).train(key, hyper)
+    return CompiledRun(config).train(key, hyper)

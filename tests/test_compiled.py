@@ -146,6 +146,14 @@ def test_environments_and_members_sharded_within_lanes_equal_unsharded(reference
     _same_run(reference, "within")
 
 
+def test_blocks_for_a_progress_bar_equal_one_program(reference):
+    """With a progress function the lanes run in blocks of iterations from the host (no host
+    callback inside a program, so the persistent cache keeps them): the same run, and progress is
+    told of each iteration once, every lane at once — not of the padded third."""
+    _same_run(reference, "blocked")
+    assert reference["progress_told"].tolist() == [[1, 8], [2, 8]]
+
+
 def test_meshes_that_do_not_split_are_refused(program):
     from rlhp_jax.distributed import lane_mesh
 
