@@ -79,8 +79,10 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
 
 def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> list[tuple[int, float]]:
     """A fresh agent trained for ``steps`` environment steps on ``rm_run``'s r̂ as it stands in
-    ``rm_state`` (frozen): [(env steps, greedy evaluation return)] every ``eval_every`` iterations
-    and at the end."""
+    ``rm_state`` (frozen): [(env steps, return)] every ``eval_every`` iterations and at the end —
+    the greedy evaluation on the unmodified task where the run has one (gymnax), else the true
+    return per fixed-length episode of that iteration's own rollout (the MuJoCo and Atari tables'
+    measure)."""
     parts, cfg = rm_run.parts, rm_run.cfg
     if not parts.learn:
         raise ValueError(f"{cfg.out} trained on the true reward: it has no r̂ to retrain on")
@@ -95,9 +97,14 @@ def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> lis
     evals = []
     for it in range(1, iters + 1):
         key, k_act, k_iter, k_eval = jax.random.split(key, 4)
-        state = parts.act(state.replace(key=k_act), k_iter, iteration)[0]
+        state, rollout = parts.act(state.replace(key=k_act), k_iter, iteration)[:2]
         if it % cfg.eval_every == 0 or it == iters:
-            evals.append((it * parts.steps_per_iter, float(evaluate(state.agent.params, k_eval))))
+            if rm_run.can_evaluate:
+                ret = float(evaluate(state.agent.params, k_eval))
+            else:
+                valid = np.asarray(rollout.valid)
+                ret = float(np.asarray(rollout.true_reward)[valid].mean()) * parts.spec.horizon
+            evals.append((it * parts.steps_per_iter, ret))
     return evals
 
 
@@ -124,7 +131,9 @@ def main(argv=None) -> int:
             for i in range(args.retrain_seeds):
                 evals = retrain(rm_run, rm_state, args.retrain, seed=args.seed + i)
                 if i == 0:
-                    print(f"fresh agents on the final r̂ of {args.rm}, frozen: greedy evaluation return at env steps")
+                    measure = ("greedy evaluation return" if rm_run.can_evaluate
+                               else "true return per episode of the training rollouts")
+                    print(f"fresh agents on the final r̂ of {args.rm}, frozen: {measure} at env steps")
                 print(f"seed {args.seed + i}: " + ", ".join(f"{s:,}: {r:.0f}" for s, r in evals), flush=True)
             if not args.runs:
                 return 0
