@@ -132,9 +132,13 @@ def _same_run(reference, prefix):
     assert j > 4  # every layer's weights were compared
 
 
-def test_sharded_over_8_devices_equals_unsharded(reference):
+def test_sharded_over_8_devices_in_blocks_equals_unsharded(reference):
+    """Sharded over 8 devices and, with a progress function, run in blocks of iterations from the
+    host (no host callback inside a program, so the persistent cache keeps them): the same run,
+    and progress is told of each iteration once, every lane at once — not of the padded third."""
     assert int(reference["devices_used"]) == 8
     _same_run(reference, "sharded")
+    assert reference["progress_told"].tolist() == [[1, 8], [2, 8]]
 
 
 def test_environments_and_members_sharded_within_lanes_equal_unsharded(reference):
@@ -144,14 +148,6 @@ def test_environments_and_members_sharded_within_lanes_equal_unsharded(reference
     assert reference["member_shard"].tolist() == [4, 1, 4 + 2, 64]  # [lanes, members, in, out]
     assert reference["env_shard"].tolist() == [4, 2, 4]  # [lanes, envs, CartPole obs]
     _same_run(reference, "within")
-
-
-def test_blocks_for_a_progress_bar_equal_one_program(reference):
-    """With a progress function the lanes run in blocks of iterations from the host (no host
-    callback inside a program, so the persistent cache keeps them): the same run, and progress is
-    told of each iteration once, every lane at once — not of the padded third."""
-    _same_run(reference, "blocked")
-    assert reference["progress_told"].tolist() == [[1, 8], [2, 8]]
 
 
 def test_meshes_that_do_not_split_are_refused(program):
