@@ -364,6 +364,8 @@ class CompiledRun:
         block = -(-self.num_iters // PROGRESS_UPDATES) if block is None else int(block)
         if block < 1:
             raise ValueError(f"a block holds at least one iteration, got {block}")
+        if jax.process_count() > 1:  # each process would read metrics it does not hold
+            raise ValueError("a progress function needs one process; over several, run without one")
         start = jax.jit(lambda k, h: self.start_lanes(k, h, mesh)).lower(keys, hypers).compile()
         states = jax.eval_shape(lambda k, h: self.start_lanes(k, h, mesh), keys, hypers)
         its = jax.ShapeDtypeStruct((block,), jnp.int32)
