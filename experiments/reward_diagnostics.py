@@ -18,8 +18,9 @@ visits.  Christiano runs only (their newest checkpoint); the task is the reward 
 ``--retrain STEPS`` asks the other question: is a failed run's r̂ itself wrong, or did the agent
 fail on a reward that moved while it learned?  It trains fresh agents (``--retrain-seeds`` of
 them, the run's own agent settings) for STEPS steps on the run's *final* r̂, frozen (no labels, no
-refit), and prints each one's greedy evaluation on the unmodified task every ``eval_every``
-iterations.  If fresh agents on the frozen r̂ fail the same way, the reward model is at fault.
+refit), and prints each one's greedy evaluation on the unmodified task (gymnax; elsewhere the
+true return per episode of its training rollouts) every ``eval_every`` iterations.  If fresh
+agents on the frozen r̂ fail the same way, the reward model is at fault.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhp_jax.agents.common import evaluate as agent_evaluate
 from rlhp_jax.config import RunConfig
 from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.rollout import collect_rollout
@@ -90,17 +90,15 @@ def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> lis
     if iters < 1:
         raise ValueError(f"--retrain needs at least one iteration: {parts.steps_per_iter} steps")
     state = parts.fresh(jax.random.PRNGKey(seed)).replace(ensemble=rm_state["ensemble"])
-    iteration = jax.jit(parts.iteration)
-    evaluate = jax.jit(lambda params, k: agent_evaluate(parts.env, parts.agent, params, k, cfg.eval_episodes,
-                                                        parts.spec.horizon))
     key = jax.random.PRNGKey(seed + 1)
     evals = []
     for it in range(1, iters + 1):
         key, k_act, k_iter, k_eval = jax.random.split(key, 4)
-        state, rollout = parts.act(state.replace(key=k_act), k_iter, iteration)[:2]
+        # the run's own compiled iteration and evaluation (a CNN agent on CPU: its host loop)
+        state, rollout = parts.act(state.replace(key=k_act), k_iter, rm_run._iteration)[:2]
         if it % cfg.eval_every == 0 or it == iters:
             if rm_run.can_evaluate:
-                ret = float(evaluate(state.agent.params, k_eval))
+                ret = float(rm_run._eval(state.agent.params, k_eval))
             else:
                 valid = np.asarray(rollout.valid)
                 ret = float(np.asarray(rollout.true_reward)[valid].mean()) * parts.spec.horizon
