@@ -388,14 +388,14 @@ class _Blocks:
         self.start, self.iterate, self.block, self.num_iters, self.progress = start, iterate, block, num_iters, progress
 
     def __call__(self, keys, hypers):
-        states, parts = self.start(keys, hypers), []
+        states, blocks = self.start(keys, hypers), []
         for first in range(1, self.num_iters + 1, self.block):
             states, m = self.iterate(states, hypers, jnp.arange(first, first + self.block, dtype=jnp.int32))
-            parts.append(m)
+            blocks.append(m)
             m = jax.device_get(m)
             for j in range(min(self.block, self.num_iters - first + 1)):
                 self.progress(first + j, {k: v[j] for k, v in m.items()})
-        metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs)[:self.num_iters], *parts)
+        metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs)[:self.num_iters], *blocks)
         return states, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
 
 

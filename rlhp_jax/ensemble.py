@@ -420,8 +420,6 @@ class RewardEnsemble:
                 if num_steps == 0 or num_steps % block:
                     return whole(state, buffer, key, num_steps)
                 keys = jax.random.split(key, num_steps)
-                if num_steps == block:
-                    return blocks(state, buffer, keys)
                 history = []
                 for k in keys.reshape(num_steps // block, block, *key.shape):
                     state, metrics = blocks(state, buffer, k)
