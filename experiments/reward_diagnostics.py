@@ -95,10 +95,10 @@ def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> lis
     for it in range(1, iters + 1):
         key, k_act, k_iter, k_eval = jax.random.split(key, 4)
         # the run's own compiled iteration and evaluation (a CNN agent on CPU: its host loop)
-        state, rollout = parts.act(state.replace(key=k_act), k_iter, rm_run._iteration)[:2]
+        state, rollout = parts.act(state.replace(key=k_act), k_iter, rm_run.compiled_iteration)[:2]
         if it % cfg.eval_every == 0 or it == iters:
             if rm_run.can_evaluate:
-                ret = float(rm_run._eval(state.agent.params, k_eval))
+                ret = float(rm_run.evaluate_policy(state.agent.params, k_eval))
             else:
                 valid = np.asarray(rollout.valid)
                 ret = float(np.asarray(rollout.true_reward)[valid].mean()) * parts.spec.horizon

@@ -85,9 +85,9 @@ class PreferenceRun:
                     outs.append(out)
                 return finish_jit(carry, jax.tree.map(lambda *xs: jnp.stack(xs), *outs))
 
-            self._iteration = host_iteration
+            self.compiled_iteration = host_iteration
         else:
-            self._iteration = jax.jit(parts.iteration)
+            self.compiled_iteration = jax.jit(parts.iteration)
         self._rollout_only = jax.jit(parts.rollout_only)
         self._candidates = jax.jit(parts.candidates, static_argnums=4)
         self._add = jax.jit(labels_lib.add_labels)
@@ -99,7 +99,9 @@ class PreferenceRun:
         self._progress_metrics = jax.jit(parts.progress_metrics)
         if self.can_evaluate:
             env, agent = self.env, self.agent
-            self._eval = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
+            # public with compiled_iteration: the diagnostics train fresh agents with the run's own
+            self.evaluate_policy = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes,
+                                                                self.spec.horizon)
 
     # ------------------------------------------------------------------ labels
     def _teacher(self, out: Path) -> Teacher:
@@ -240,7 +242,7 @@ class PreferenceRun:
             key, keys = step_keys(state.key)
             t0 = time.perf_counter()
             state, rollout, rewards, member_r, agent_m = parts.act(state.replace(key=key), keys.iteration,
-                                                                   self._iteration)
+                                                                   self.compiled_iteration)
             jax.block_until_ready((rewards, state.agent))  # the update too: its time is the agent's
             t1 = time.perf_counter()
             env_steps = it * self.steps_per_iter
@@ -296,7 +298,7 @@ class PreferenceRun:
             t5 = time.perf_counter()
             row.update(time_agent_s=t1 - t0, time_metrics_s=t5 - t4)
             if self.can_evaluate and evaluate_now:
-                row["eval_return"] = float(self._eval(state.agent.params, keys.evaluation))
+                row["eval_return"] = float(self.evaluate_policy(state.agent.params, keys.evaluation))
                 row["time_eval_s"] = time.perf_counter() - t5
             row["wall_s"] = wall_before + time.perf_counter() - start
             row["steps_per_s"] = env_steps / row["wall_s"]
