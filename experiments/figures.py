@@ -26,8 +26,8 @@ from typing import Callable
 import numpy as np
 
 from experiments import grid as grid_lib
-from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, plan, run_dir,
-                              run_metrics, steps_label)
+from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
+                              run_dir, run_metrics, steps_label)
 
 TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
 WARMUP_ITERATIONS = 3  # iterations the wall-time estimate's warm-up runs (the first is start-up)
@@ -366,6 +366,10 @@ class Figure:
         p.add_argument("--results-md", default="docs/results.md",
                        help="Markdown file whose marked section receives the table (default %(default)s)")
         p.add_argument("--jobs", type=int, default=1, help="runs at the same time (default 1)")
+        p.add_argument("--order", choices=("seeds", "tasks"), default="seeds",
+                       help="seeds (default): every task of seed 0, then seed 1, ..., so an interrupted grid "
+                            "covers every task; tasks: every seed of the first task, then the next task, so "
+                            "a sitting finishes whole tasks")
         p.add_argument("--run-args", default="", metavar="FLAGS",
                        help=f"more flags for every run's python -m experiments.{self.entry}, e.g. a smoke budget: "
                             "--run-args='--iteration-steps 160 --pretrain-epochs 2' (part of each run's config: "
@@ -428,7 +432,7 @@ class Figure:
         steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
         try:
             self.check_args(args)
-            states = plan(self.runs(args, steps_for), root)
+            states = plan(ordered(self.runs(args, steps_for), args.tasks, args.order), root)
         except GridError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

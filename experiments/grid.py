@@ -93,6 +93,17 @@ def grid(tasks, label_budgets, seeds, steps_for: Callable[[str], int], entry: st
             for seed in seeds for task in tasks for labels in arms]
 
 
+def ordered(runs: list[Run], tasks, order: str) -> list[Run]:
+    """``runs`` as made (``order`` "seeds": seed by seed) or task by task in the order of ``tasks``
+    ("tasks": every seed of a task before the next task; within a task, the runs' own order)."""
+    if order == "seeds":
+        return list(runs)
+    if order != "tasks":
+        raise GridError(f"order must be 'seeds' or 'tasks', got {order!r}")
+    rank = {task: i for i, task in enumerate(tasks)}
+    return sorted(runs, key=lambda run: rank[run.task])  # stable: each task keeps its seed order
+
+
 def expected_config(run: Run, root: Path) -> dict:
     """The ``config.json`` that ``experiments.<entry>`` would write for this run today — every
     setting, the code's defaults included — without its output path."""

@@ -13,7 +13,9 @@ The grid is every task x seed x {each --labels budget, the true-reward baseline}
 ``700labels`` or ``baseline``; STEPS: the budget, ``1M``, ``3M``), started as its own subprocess
 with ``--no-progress``, its output in ``ROOT/TASK-TAG-STEPS-seedS.log``.  Runs of another budget
 keep their own directories, so changing a budget never collides with finished runs.  ``--jobs N`` runs N of them at once.  Runs go seed by seed (every
-task and arm of seed 0, then seed 1, ...), so an interrupted grid already covers every task.
+task and arm of seed 0, then seed 1, ...), so an interrupted grid already covers every task;
+``--order tasks`` runs every seed of one task before the next instead, so a sitting finishes whole
+tasks.
 
 Seeds: ``--seeds N`` (default 5, as in the paper) means seeds 0..N-1; ``--seed-list S [S ...]``
 names them instead.  The two flags exclude each other.

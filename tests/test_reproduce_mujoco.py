@@ -224,6 +224,18 @@ def test_jobs_runs_that_many_at_once(grid, monkeypatch):
     assert len(running) == 8 and peak[0] == 3
 
 
+@pytest.mark.parametrize("order, expected", [
+    ("seeds", [("Swimmer", 0), ("Hopper", 0), ("Swimmer", 1), ("Hopper", 1)]),
+    ("tasks", [("Swimmer", 0), ("Swimmer", 1), ("Hopper", 0), ("Hopper", 1)])])
+def test_order_runs_seed_by_seed_or_task_by_task(grid, order, expected):
+    root, argv, fake = grid
+    assert rm.main(argv + ["--tasks", "Swimmer", "Hopper", "--seeds", "2", "--order", order]) == 0
+    flags = [dict(zip(call, call[1:])) for call in fake.calls]
+    launched = [(f["--env"], int(f["--seed"]), "--baseline" in call) for f, call in zip(flags, fake.calls)]
+    # each cell's learned arm, then its true-reward arm
+    assert launched == [(task, seed, baseline) for task, seed in expected for baseline in (False, True)]
+
+
 def test_dry_run_runs_nothing_and_moves_nothing(grid, capsys):
     root, argv, fake = grid
     write_run(root, "Hopper", 700, 0)
