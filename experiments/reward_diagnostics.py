@@ -21,6 +21,16 @@ them, the run's own agent settings) for STEPS steps on the run's *final* r̂, fr
 refit), and prints each one's greedy evaluation on the unmodified task (gymnax; elsewhere the
 true return per episode of its training rollouts) every ``eval_every`` iterations.  If fresh
 agents on the frozen r̂ fail the same way, the reward model is at fault.
+
+    python -m experiments.reward_diagnostics --rm RUN --labels
+
+``--labels`` asks what the run's labels could teach: how many of them (the initial ones, from the
+untrained policy, and the online ones) are ties, and how many of those compare two clips in which
+nothing happens (the same true reward on every step of both: on InvertedPendulum, two fallen
+poles); then how r̂ (the newest checkpoint's, as the agent sees it) follows the true reward over
+the labeled clips' steps, and how much of it rides on the action: r̂ again with the actions
+shuffled among those steps.  A reward model fitted to few decisive labels can explain them by the
+action, which the agent controls directly.
 """
 
 from __future__ import annotations
@@ -106,6 +116,31 @@ def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> lis
     return evals
 
 
+def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
+    """What a run's labels hold and how its newest r̂ reads the labeled clips (see ``--labels``)."""
+    buffer = rm_state["buffer"]
+    filled = np.asarray(buffer.filled)
+    n = int(filled.sum())
+    if n == 0:
+        raise ValueError(f"{rm_run.cfg.out} has no labels yet")
+    mu, true = np.asarray(buffer.mu)[filled], np.asarray(buffer.true_reward)[filled]  # [n], [n, 2, T]
+    # the buffer keeps labels in the order they came until it wraps (a capacity below the budget)
+    initial = None if int(buffer.count) > buffer.capacity else min(int(rm_run.schedule.initial), n)
+    tie = mu == 0.5
+    still = (true == true[:, :1, :1]).all(axis=(1, 2))  # one true reward on every step of both clips
+    parts, ens = rm_run.parts, rm_state["ensemble"]
+    r_hat = lambda b: np.asarray(parts.agent_rewards(ens, parts.ensemble.buffer_member_rewards(ens, b)))[filled]
+    actions = np.asarray(buffer.action).copy()
+    steps = actions[filled].reshape(-1, *actions.shape[3:])
+    rng = np.random.default_rng(seed)
+    actions[filled] = steps[rng.permutation(len(steps))].reshape(actions[filled].shape)
+    r, r_shuffled = r_hat(buffer), r_hat(buffer.replace(action=jnp.asarray(actions)))
+    corr = lambda x: float(np.corrcoef(x.ravel(), true.ravel())[0, 1]) if x.std() > 0 and true.std() > 0 else float("nan")
+    return dict(labels=n, initial=initial, ties=int(tie.sum()), initial_ties=None if initial is None else int(tie[:initial].sum()),
+                still_ties=int((tie & still).sum()), corr=corr(r), corr_shuffled=corr(r_shuffled),
+                r_std=float(r.std()), action_std=float((r - r_shuffled).std()))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.reward_diagnostics", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,15 +151,33 @@ def main(argv=None) -> int:
     p.add_argument("--retrain", type=int, default=None, metavar="STEPS",
                    help="train fresh agents for STEPS steps on --rm's final r̂, frozen (see above)")
     p.add_argument("--retrain-seeds", type=int, default=3, metavar="N", help="fresh agents to train (default 3)")
+    p.add_argument("--labels", action="store_true", help="what --rm's labels hold and how its r̂ reads them (see above)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be positive")
-    if not args.runs and args.retrain is None:
-        p.error("give run directories to score, or --retrain STEPS")
+    if not args.runs and args.retrain is None and not args.labels:
+        p.error("give run directories to score, --retrain STEPS or --labels")
     if args.retrain is not None and (args.retrain < 1 or args.retrain_seeds < 1):
         p.error("--retrain and --retrain-seeds must be positive")
     try:
         rm_run, rm_state = load(args.rm)
+        if args.labels:
+            rep = label_report(rm_run, rm_state, seed=args.seed)
+            if rep["initial"] is None:
+                held, split = "the newest, the label set having wrapped", ""
+            else:
+                held = f"{rep['initial']} initial, {rep['labels'] - rep['initial']} online"
+                split = f": {rep['initial_ties']} of the initial, {rep['ties'] - rep['initial_ties']} of the online"
+            print(f"labels of {args.rm}: {rep['labels']} ({held})\n"
+                  f"  ties: {rep['ties']} ({100 * rep['ties'] / rep['labels']:.1f} %){split}\n"
+                  f"  ties of two clips where nothing happens (one true reward on every step of both): "
+                  f"{rep['still_ties']}\n"
+                  f"  decisive: {rep['labels'] - rep['ties']}\n"
+                  f"r̂ on the labeled clips' steps: corr with the true reward {rep['corr']:.2f}, "
+                  f"{rep['corr_shuffled']:.2f} with the actions shuffled among the steps; std {rep['r_std']:.2f}, "
+                  f"of the change the shuffle makes {rep['action_std']:.2f}", flush=True)
+            if not args.runs and args.retrain is None:
+                return 0
         if args.retrain is not None:
             for i in range(args.retrain_seeds):
                 evals = retrain(rm_run, rm_state, args.retrain, seed=args.seed + i)

@@ -319,6 +319,27 @@ def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpol
     assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run / "missing")]) == 2
 
 
+def test_reward_diagnostics_labels_counts_ties_and_the_actions_share(cartpole_run, capsys):
+    from experiments import reward_diagnostics
+
+    assert reward_diagnostics.main(["--rm", str(cartpole_run), "--labels"]) == 0
+    out = capsys.readouterr().out
+    run, state = reward_diagnostics.load(str(cartpole_run))
+    rep = reward_diagnostics.label_report(run, state)
+    buffer = state["buffer"]
+    filled = np.asarray(buffer.filled)
+    mu, true = np.asarray(buffer.mu)[filled], np.asarray(buffer.true_reward)[filled]
+    assert rep["labels"] == int(buffer.count) == run.cfg.labels and rep["initial"] == int(run.schedule.initial)
+    assert rep["ties"] == int((mu == 0.5).sum()) and rep["initial_ties"] == int((mu[:rep["initial"]] == 0.5).sum())
+    # CartPole pays +1 a step and a penalty at a fall: a tie of two clips without a fall is "still"
+    no_fall = (true == 1.0).all(axis=(1, 2))
+    assert rep["still_ties"] == int(((mu == 0.5) & no_fall).sum()) > 0
+    assert -1 <= rep["corr"] <= 1 and -1 <= rep["corr_shuffled"] <= 1
+    assert rep["action_std"] > 0  # the A.1 MLP reads the action: shuffling the actions moves r̂
+    assert f"labels of {cartpole_run}: {rep['labels']} ({rep['initial']} initial" in out
+    assert f"decisive: {rep['labels'] - rep['ties']}" in out
+
+
 def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run, capsys):
     from experiments import reward_diagnostics
 
@@ -334,5 +355,5 @@ def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run
     assert steps == 2048 and ret == pytest.approx(float(lines[1].split(": ")[2]), abs=0.5)
     assert reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain", "1000"]) == 2
     assert "at least one iteration: 2048 steps" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # nothing asked: neither runs to score nor --retrain
+    with pytest.raises(SystemExit):  # nothing asked: neither runs to score, --retrain nor --labels
         reward_diagnostics.main(["--rm", str(cartpole_run)])
