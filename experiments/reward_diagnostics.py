@@ -135,8 +135,12 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     actions[filled] = steps[rng.permutation(len(steps))].reshape(actions[filled].shape)
     r, r_shuffled = r_hat(buffer), r_hat(buffer.replace(action=jnp.asarray(actions)))
-    corr = lambda x: float(np.corrcoef(x.ravel(), true.ravel())[0, 1]) if x.std() > 0 and true.std() > 0 else float("nan")
-    return dict(labels=n, initial=initial, ties=int(tie.sum()), initial_ties=None if initial is None else int(tie[:initial].sum()),
+
+    def corr(x):
+        return float(np.corrcoef(x.ravel(), true.ravel())[0, 1]) if x.std() > 0 and true.std() > 0 else float("nan")
+
+    return dict(labels=n, initial=initial, ties=int(tie.sum()),
+                initial_ties=None if initial is None else int(tie[:initial].sum()),
                 still_ties=int((tie & still).sum()), corr=corr(r), corr_shuffled=corr(r_shuffled),
                 r_std=float(r.std()), action_std=float((r - r_shuffled).std()))
 
@@ -151,7 +155,8 @@ def main(argv=None) -> int:
     p.add_argument("--retrain", type=int, default=None, metavar="STEPS",
                    help="train fresh agents for STEPS steps on --rm's final r̂, frozen (see above)")
     p.add_argument("--retrain-seeds", type=int, default=3, metavar="N", help="fresh agents to train (default 3)")
-    p.add_argument("--labels", action="store_true", help="what --rm's labels hold and how its r̂ reads them (see above)")
+    p.add_argument("--labels", action="store_true",
+                   help="what --rm's labels hold and how its r̂ reads them (see above)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be positive")
