@@ -53,6 +53,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlhp_jax.agents.common import evaluate
+from rlhp_jax.core import missing_like
 from rlhp_jax.loop import RunParts, TrainState, step_keys
 
 # Hyper field -> where it lives in the run config (agent lr: per agent).
@@ -308,11 +309,8 @@ class CompiledRun:
         def body(states, it):
             step = lambda s: jax.vmap(self.step, in_axes=(0, axes, None))(s, hypers, it)
             if pad:
-                shapes = jax.eval_shape(step, states)[1]
-                skip = lambda s: (s, jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype)
-                                                  if jnp.issubdtype(m.dtype, jnp.floating) else jnp.zeros(m.shape, m.dtype),
-                                                  shapes))
-                states, m = jax.lax.cond(it <= self.num_iters, step, skip, states)
+                missing = missing_like(jax.eval_shape(step, states)[1])
+                states, m = jax.lax.cond(it <= self.num_iters, step, lambda s: (s, missing), states)
             else:
                 states, m = step(states)
             return shard(states), m

@@ -113,6 +113,13 @@ def clip_action(spec: EnvSpec, action: jax.Array) -> jax.Array:
     return jnp.clip(action, low, high)
 
 
+def missing_like(shapes):
+    """Arrays shaped like ``shapes`` (a tree of ``jax.ShapeDtypeStruct``): NaN where floating, 0
+    otherwise — the metrics of steps that did not run (a fit of 0 steps, a padded iteration)."""
+    return jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else 0, x.dtype),
+                        shapes)
+
+
 def weight_l2(params) -> jax.Array:
     """Sum of squared weights of every kernel (matrices and conv filters; biases excluded): the
     L2 penalty of the reward model (Christiano §2.2.3) and of DQfD (Hester et al., λ₃)."""

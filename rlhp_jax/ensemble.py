@@ -45,7 +45,7 @@ from flax import struct
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy, preference_probability,
                                   segment_returns, target_return_loss)
-from rlhp_jax.core import loop_body_is_slow, sample_indices, weight_l2
+from rlhp_jax.core import loop_body_is_slow, missing_like, sample_indices, weight_l2
 from rlhp_jax.reward_models import RewardModelSpec
 
 
@@ -439,7 +439,7 @@ class RewardEnsemble:
                 history.append(metrics)
             if not history:  # 0 steps: NaN metrics, as the scan's mean over no steps
                 shapes = jax.eval_shape(step, state, buffer, key)[1]
-                history = [jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), shapes)]
+                history = [missing_like(shapes)]
             metrics = jax.tree.map(lambda *xs: jnp.nanmean(jnp.stack(xs), axis=0), *history)
             return normalize(state, buffer), metrics
 
