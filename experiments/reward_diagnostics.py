@@ -118,6 +118,8 @@ def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> lis
 
 def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
     """What a run's labels hold and how its newest r̂ reads the labeled clips (see ``--labels``)."""
+    if not rm_run.parts.learn:
+        raise ValueError(f"{rm_run.cfg.out} trained on the true reward: it has no labels and no r̂")
     buffer = rm_state["buffer"]
     filled = np.asarray(buffer.filled)
     n = int(filled.sum())
