@@ -17,7 +17,7 @@ The PyTorch figure is measured here when ``torch`` imports (it is not a dependen
 project: ``pip install torch`` in a separate environment that also sees this one, e.g. a venv
 made with ``--system-site-packages``), with the same architecture, the same work per step
 (training forward and backward, Adam, the two inference forwards, the noise), ``torch.set_num_threads``
-set to the cores JAX sees, in both memory layouts (NCHW and ``channels_last``; the faster is
+set to the cores JAX sees (on the GPU when JAX's backend is one), in both memory layouts (NCHW and ``channels_last``; the faster is
 reported).  ``--torch-seconds S`` takes a figure measured elsewhere instead.  Seconds per step
 are printed for both, with the ratio (below 1: this project is faster); record them in
 BUILD_NOTES.md with the machine.
@@ -36,14 +36,19 @@ PAIRS, SEG_LEN = 16, 25  # A.2 / Ibarz A.3 minibatch: 16 pairs of 25-step clips
 FRAMES = PAIRS * 2 * SEG_LEN
 
 
-def torch_step_seconds(members: int, noise: bool, steps: int, repeats: int, threads: int) -> dict | None:
-    """Seconds per training step of the same CNN in PyTorch (best layout), or None without torch."""
+def torch_step_seconds(members: int, noise: bool, steps: int, repeats: int, threads: int,
+                       device: str = "cpu") -> dict | None:
+    """Seconds per training step of the same CNN in PyTorch (best layout) on ``device`` ("cpu" or
+    "cuda"), or None without torch (or without CUDA when "cuda" is asked for)."""
     try:
         import torch
         from torch import nn
     except ImportError:
         return None
+    if device == "cuda" and not torch.cuda.is_available():
+        return None
     torch.set_num_threads(threads)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     torch.manual_seed(0)
 
     def model():
@@ -57,10 +62,10 @@ def torch_step_seconds(members: int, noise: bool, steps: int, repeats: int, thre
     best = {}
     for layout in ("nchw", "channels_last"):
         fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-        nets = [model().to(memory_format=fmt) for _ in range(members)]
+        nets = [model().to(device=device, memory_format=fmt) for _ in range(members)]
         opts = [torch.optim.Adam(n.parameters(), lr=3e-4) for n in nets]
-        frames = torch.randint(0, 255, (64, 2, SEG_LEN, 4, 84, 84), dtype=torch.uint8)  # a full label buffer
-        mu = (torch.rand(64) > 0.5).float()
+        frames = torch.randint(0, 255, (64, 2, SEG_LEN, 4, 84, 84), dtype=torch.uint8, device=device)  # a full buffer
+        mu = (torch.rand(64, device=device) > 0.5).float()
 
         def rewards(net, obs):  # [P, 2, T, 4, 84, 84] float -> segment returns [P, 2]
             x = obs.reshape(-1, 4, 84, 84).contiguous(memory_format=fmt)
@@ -73,7 +78,8 @@ def torch_step_seconds(members: int, noise: bool, steps: int, repeats: int, thre
 
         def step():
             for net, opt in zip(nets, opts):
-                idx, idx_val = torch.randint(0, 64, (PAIRS,)), torch.randint(0, 64, (PAIRS,))
+                idx, idx_val = (torch.randint(0, 64, (PAIRS,), device=device),
+                                torch.randint(0, 64, (PAIRS,), device=device))
                 x = frames[idx].float() / 255.0
                 if noise:
                     x = x + 0.1 * torch.randn_like(x)
@@ -88,16 +94,19 @@ def torch_step_seconds(members: int, noise: bool, steps: int, repeats: int, thre
                     r = rewards(net, both)
                     bt(r[:PAIRS], mu[idx]).item(), bt(r[PAIRS:], mu[idx_val]).item()
 
-        step()  # warm-up (allocator, oneDNN primitives)
+        step()  # warm-up (allocator, oneDNN/cuDNN primitives)
+        sync()
         dt = float("inf")
         for _ in range(max(1, repeats)):
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()
+            sync()
             dt = min(dt, (time.perf_counter() - t0) / steps)
         best[layout] = dt
     layout = min(best, key=best.get)
-    return dict(seconds=best[layout], layout=layout, all_layouts=best, version=torch.__version__, threads=threads)
+    return dict(seconds=best[layout], layout=layout, all_layouts=best, version=torch.__version__, threads=threads,
+                device=device)
 
 
 def main(argv=None):
@@ -123,9 +132,12 @@ def main(argv=None):
                 if m == 1 and not noise:
                     row.update(torch_s=args.torch_seconds, torch="given")
             else:
-                t = torch_step_seconds(m, noise, args.steps, args.repeats, threads)
+                # the same kind of device as JAX's: PyTorch on the GPU when JAX runs there
+                t = torch_step_seconds(m, noise, args.steps, args.repeats, threads,
+                                       device="cpu" if jax.default_backend() == "cpu" else "cuda")
                 if t is not None:
-                    row.update(torch_s=t["seconds"], torch=f"{t['version']} {t['layout']} {threads} threads")
+                    where = f"{threads} threads" if t["device"] == "cpu" else "cuda"
+                    row.update(torch_s=t["seconds"], torch=f"{t['version']} {t['layout']} {where}")
             rows.append(row)
             line = f"A.2 CNN, {m} member{'s' if m > 1 else ' '}, noise {'on ' if noise else 'off'}: {row['ours_s']:.3f} s/step"
             if "torch_s" in row:

@@ -134,7 +134,7 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
     t_fit = best_time(lambda s, b, k: fit(s, b, k, run.fit_steps)[0].params, ens_state, buffer, key, repeats=1)
     del buffer, pairs
 
-    raw_seconds = raw_xla(env, steps // env.num_envs) if getattr(env, "_xla", None) is not None else None
+    raw_seconds = raw_xla(env, steps // env.num_envs) if env.xla_ops is not None else None
 
     # end to end: a short real run (its own directory), iterations 2.. timed from the metrics
     e2e_cfg = dataclasses.replace(cfg, total_steps=steps * iterations, out=os.path.join(tmp, "run"))

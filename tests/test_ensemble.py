@@ -473,7 +473,7 @@ def test_resolve_member_axis():
     assert resolve_member_axis("auto", "cpu") == "map"
     assert resolve_member_axis("auto", "cpu", model_kind="cnn") == "unroll"
     assert resolve_member_axis("auto", "gpu") == "vmap"
-    assert resolve_member_axis("auto", "gpu", model_kind="cnn") == "vmap"
+    assert resolve_member_axis("auto", "gpu", model_kind="cnn") == "unroll"
     assert resolve_member_axis("vmap", "cpu") == "vmap"
     with pytest.raises(ValueError, match="member_axis"):
         EnsembleConfig(member_axis="pmap")
