@@ -30,7 +30,10 @@ nothing happens (the same true reward on every step of both: on InvertedPendulum
 poles); then how r̂ (the newest checkpoint's, as the agent sees it) follows the true reward over
 the labeled clips' steps, and how much of it rides on the action: r̂ again with the actions
 shuffled among those steps.  A reward model fitted to few decisive labels can explain them by the
-action, which the agent controls directly.
+action, which the agent controls directly.  On a task with a healthy range (Hopper, Walker2d, Ant,
+the pendulums) it also says what share of the labeled steps are in range and how r̂ weighs being
+there against the true reward (``healthy_weight``): a reward model that pays too little for
+staying upright lets the agent trade the range for speed.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from rlhp_jax.config import RunConfig
 from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.rollout import collect_rollout
 from rlhp_jax.core import clip_action
+from rlhp_jax import tasks
+from rlhp_jax.envpool_envs import healthy
 from rlhp_jax.runs import read_run_config
 
 
@@ -116,6 +121,27 @@ def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> lis
     return evals
 
 
+def healthy_weight(r_hat, true, healthy) -> dict | None:
+    """How r̂ weighs staying in the healthy range, against the true reward, over the same steps.
+
+    Least squares r̂ ≈ a·true + b·healthy + c (flat arrays of steps; ``healthy`` 0/1).  ``extra`` =
+    b/a is what a step in range is worth to r̂ beyond what the true reward pays for it, in
+    true-reward units: 0 when r̂ weighs the range as the true reward does, negative when less.  On
+    Hopper and Walker2d the true reward pays 2 more a step in range (+1 against −1), so an
+    ``extra`` of −1.3 leaves 0.7 of that 2 in r̂.  None when every step is in range, or none is,
+    or when the true reward is the range alone (InvertedPendulum: then true and range cannot be
+    told apart)."""
+    r_hat, true, h = (np.asarray(x, np.float64).ravel() for x in (r_hat, true, healthy))
+    if h.min() == h.max():
+        return None
+    design = np.stack([h, np.ones_like(h)], 1)
+    rest = true - design @ np.linalg.lstsq(design, true, rcond=None)[0]  # the true reward apart from the range
+    if rest.std() <= 1e-3 * true.std():
+        return None
+    (a, b, _), *_ = np.linalg.lstsq(np.stack([true, h, np.ones_like(h)], 1), r_hat, rcond=None)
+    return dict(share=float(h.mean()), slope=float(a), extra=float(b / a) if a != 0 else float("nan"))
+
+
 def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
     """What a run's labels hold and how its newest r̂ reads the labeled clips (see ``--labels``)."""
     if not rm_run.parts.learn:
@@ -141,10 +167,16 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
     def corr(x):
         return float(np.corrcoef(x.ravel(), true.ravel())[0, 1]) if x.std() > 0 and true.std() > 0 else float("nan")
 
+    in_range = None  # run-on MuJoCo tasks with a healthy range (A.1's penalty in place of termination)
+    if parts.has_falls and rm_run.cfg.env in tasks.names("mujoco"):
+        # a step's penalty follows from the observation it leads to: the clip's next one (its last step has none)
+        nxt = np.asarray(buffer.obs)[filled][:, :, 1:]
+        h = np.asarray(healthy(rm_run.cfg.env, nxt.reshape(-1, nxt.shape[-1])))
+        in_range = healthy_weight(r.reshape(true.shape)[:, :, :-1], true[:, :, :-1], h)
     return dict(labels=n, initial=initial, ties=int(tie.sum()),
                 initial_ties=None if initial is None else int(tie[:initial].sum()),
                 still_ties=int((tie & still).sum()), corr=corr(r), corr_shuffled=corr(r_shuffled),
-                r_std=float(r.std()), action_std=float((r - r_shuffled).std()))
+                r_std=float(r.std()), action_std=float((r - r_shuffled).std()), healthy=in_range)
 
 
 def main(argv=None) -> int:
@@ -183,6 +215,10 @@ def main(argv=None) -> int:
                   f"r̂ on the labeled clips' steps: corr with the true reward {rep['corr']:.2f}, "
                   f"{rep['corr_shuffled']:.2f} with the actions shuffled among the steps; std {rep['r_std']:.2f}, "
                   f"of the change the shuffle makes {rep['action_std']:.2f}", flush=True)
+            if rep["healthy"] is not None:
+                h = rep["healthy"]
+                print(f"  in the healthy range: {100 * h['share']:.1f} % of the labeled steps; r̂ ≈ "
+                      f"{h['slope']:.2f} × (true reward {h['extra']:+.2f} per step in range)", flush=True)
             if not args.runs and args.retrain is None:
                 return 0
         if args.retrain is not None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from experiments import atari, classic, mujoco
 from experiments.cli import build_parser, config_from_args
@@ -336,8 +338,27 @@ def test_reward_diagnostics_labels_counts_ties_and_the_actions_share(cartpole_ru
     assert rep["still_ties"] == int(((mu == 0.5) & no_fall).sum()) > 0
     assert -1 <= rep["corr"] <= 1 and -1 <= rep["corr_shuffled"] <= 1
     assert rep["action_std"] > 0  # the A.1 MLP reads the action: shuffling the actions moves r̂
+    assert rep["healthy"] is None  # CartPole resets at a fall: no run-on healthy range to weigh
     assert f"labels of {cartpole_run}: {rep['labels']} ({rep['initial']} initial" in out
     assert f"decisive: {rep['labels'] - rep['ties']}" in out
+
+
+@settings(max_examples=30, deadline=None)
+@given(a=st.floats(0.1, 3.0), b=st.floats(-3.0, 3.0), c=st.floats(-2.0, 2.0), seed=st.integers(0, 2**16))
+def test_healthy_weight_recovers_how_r_hat_weighs_the_range(a, b, c, seed):
+    from experiments.reward_diagnostics import healthy_weight
+
+    rng = np.random.default_rng(seed)
+    h = (rng.random(400) < 0.2).astype(np.float32)
+    h[:2] = 0.0, 1.0  # both kinds of step
+    true = rng.normal(size=400) + 2.0 * h  # e.g. Hopper: speed, and 2 more a step in range
+    got = healthy_weight(a * true + b * h + c, true, h)
+    assert got["share"] == pytest.approx(h.mean())
+    assert got["slope"] == pytest.approx(a, rel=1e-4) and got["extra"] == pytest.approx(b / a, abs=1e-4)
+    # r̂ that is the true reward, rescaled: nothing extra; all in range or none: nothing to weigh
+    assert healthy_weight(3.0 * true - 1.0, true, h)["extra"] == pytest.approx(0.0, abs=1e-5)
+    assert healthy_weight(true, true, np.ones(400)) is None and healthy_weight(true, true, np.zeros(400)) is None
+    assert healthy_weight(true, 2.0 * h - 1.0, h) is None  # a true reward that is the range alone
 
 
 def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run, capsys):
