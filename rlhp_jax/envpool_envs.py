@@ -34,6 +34,11 @@ MuJoCo (Christiano A.1)
   the true reward scores minus the alive bonus: ``terminal_penalty`` is added (Hopper,
   Walker2d and Ant withhold the bonus themselves, so -1; InvertedPendulum -2 and
   InvertedDoublePendulum -20, whose envpool reward keeps its bonus of 1 and 10).  ``boundary`` marks only the fixed time limit.
+  A.1 does not say what the penalty is.  ``penalty_shape="height"`` (Hopper, Walker2d, Ant) takes
+  the paper's public code's instead (OpenAI's rl-teacher, 2017): the alive bonus on every step
+  plus the torso's height above a standing height (``tasks.MujocoModel.standing_height``), so a
+  fallen robot is paid less in proportion to how low it lies, and no constant penalty
+  (``terminal_penalty`` 0: no fall diagnostics).
 
 Both
   envpool resets lazily: the step after an episode end is a *deferred reset* that ignores the
@@ -62,6 +67,10 @@ from flax import struct
 
 from rlhp_jax import tasks
 from rlhp_jax.core import EnvSpec, StepOut
+
+
+PENALTY_SHAPES = ("range", "height")
+ALIVE_BONUS = 1.0  # gym v4's healthy_reward on Hopper, Walker2d and Ant (envpool's default)
 
 
 def healthy(task: str, obs) -> jax.Array:
@@ -169,11 +178,23 @@ class EnvpoolVecEnv:
             self.render_fields: tuple[str, ...] = tuple(self.native_frames.FIELDS) if self.native_frames else ()
             self.backend = "xla" if backend == "auto" else backend
         else:
-            penalty = float(overrides.pop("terminal_penalty", entry.terminal_penalty))
+            shape = overrides.pop("penalty_shape", "range")
+            if shape not in PENALTY_SHAPES:
+                raise ValueError(f"penalty_shape must be one of {PENALTY_SHAPES}, got {shape!r}")
+            if shape == "height":
+                if entry.mujoco.standing_height is None:
+                    with_height = [t.name for t in tasks.TASKS.values()
+                                   if t.mujoco is not None and t.mujoco.standing_height is not None]
+                    raise ValueError(f"penalty_shape='height' needs a standing height: {', '.join(with_height)} "
+                                     f"have one, {self.task} has not")
+                if "terminal_penalty" in overrides:
+                    raise ValueError("penalty_shape='height' has no per-step penalty: drop terminal_penalty")
+            # the height shape pays no constant penalty: its height term takes the range's place
+            penalty = 0.0 if shape == "height" else float(overrides.pop("terminal_penalty", entry.terminal_penalty))
             seg = int(overrides.pop("segment_length", entry.segment_length))
             if overrides:
                 raise ValueError(f"Unknown MuJoCo options {sorted(overrides)}")
-            self.options = dict(terminal_penalty=penalty, segment_length=seg)
+            self.options = dict(terminal_penalty=penalty, segment_length=seg, penalty_shape=shape)
             self.envpool_id = entry.envpool_id
             self.envpool_kwargs = dict(common, **dict(entry.mujoco.options))
             self.pool = envpool.make(self.envpool_id, **self.envpool_kwargs)
@@ -227,7 +248,13 @@ class EnvpoolVecEnv:
         else:
             out = ~healthy(self.task, obs) & valid
             terminated = out & ~was_out  # the step on which the original task would have ended
-            true_reward = rew + jnp.where(out, self.spec.terminal_penalty, 0.0)
+            if self.options["penalty_shape"] == "height":
+                # the alive bonus (1) on every step, envpool having withheld it out of range, and the
+                # height term z − standing_height: Hopper speed + z, Walker2d speed + z − 1, Ant ... + z − 0.2
+                true_reward = (rew + jnp.where(out, ALIVE_BONUS, 0.0)
+                               + obs[..., 0] - self.entry.mujoco.standing_height)
+            else:
+                true_reward = rew + jnp.where(out, self.spec.terminal_penalty, 0.0)
             was_out = out
             boundary = trunc & ~term
         render = (jnp.stack([jnp.asarray(info[f], jnp.float32) for f in self._info_fields], -1)

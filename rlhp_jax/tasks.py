@@ -52,6 +52,10 @@ class MujocoModel:
     layout: str  # "root_excluded" | "full" | "reacher" | "double_pendulum"
     camera: str | Mapping[str, Any]  # a named XML camera, or free-camera settings
     extra_obs: int = 0  # optional trailing observation entries (Ant's contact forces)
+    # ``penalty_shape="height"``: the height (obs[0], the torso's z) that the run-on reward's height
+    # term z - standing_height is measured from: the values of the paper's public code (OpenAI's
+    # rl-teacher, 2017: Hopper 1, Walker2d 2, Ant 1.2); None where that code has no height term
+    standing_height: float | None = None
 
     @property
     def control_timestep(self) -> float:
@@ -120,10 +124,11 @@ def _atari(name, *, actions, guidance="", hint="", terminal_penalty=-10.0) -> Ta
 
 
 def _mujoco(name, *, timestep, frame_skip, penalty, options, root_info, nq, nv, obs_dim, layout, camera,
-            guidance, extra_obs=0, episode_steps=1000, aliases=()) -> Task:
+            guidance, extra_obs=0, episode_steps=1000, aliases=(), standing_height=None) -> Task:
     """A.1: the task runs on for its whole time limit (``on_terminate="continue"``), clips of 1.5 s
     of the task's own time (at most one episode: Reacher's lasts 50 steps = 1 s), r̂ std 1."""
-    model = MujocoModel(timestep, frame_skip, options, root_info, nq, nv, obs_dim, layout, camera, extra_obs)
+    model = MujocoModel(timestep, frame_skip, options, root_info, nq, nv, obs_dim, layout, camera, extra_obs,
+                        standing_height)
     dt = model.control_timestep
     return Task(name=name, backend="mujoco", horizon=episode_steps,
                 segment_length=min(round(CLIP_SECONDS / dt), episode_steps), fps=1.0 / dt,
@@ -223,19 +228,19 @@ _ENTRIES = (
     # what a person watches, so the seconds win.)  Observation layouts: see render.mujoco.reconstruct_state;
     # camera: the XML's "track" camera, or a free one showing the whole arena / rail.  Guidance: B.1.
     _mujoco("Hopper", timestep=0.002, frame_skip=4, penalty=-1.0, options=(_RUNS_ON, _NO_CTRL), root_info=_X,
-            nq=6, nv=6, obs_dim=11, layout="root_excluded", camera="track",  # obs = qpos[1:], clip(qvel, ±10)
+            standing_height=1.0, nq=6, nv=6, obs_dim=11, layout="root_excluded", camera="track",  # obs = qpos[1:], clip(qvel, ±10)
             guidance="The \u201ccenter\u201d of the robot is the joint closest to the pointy end. The first priority "
                      "is for the center of the robot to move to the right (moving to the left is worse than not "
                      "moving at all). If the two robots are roughly tied on this metric, then the tiebreaker is how "
                      "high the center is."),
     _mujoco("Walker2d", timestep=0.002, frame_skip=4, penalty=-1.0, options=(_RUNS_ON, _NO_CTRL), root_info=_X,
-            nq=9, nv=9, obs_dim=17, layout="root_excluded", camera="track",
+            standing_height=2.0, nq=9, nv=9, obs_dim=17, layout="root_excluded", camera="track",
             guidance="The \u201ccenter\u201d of the robot is the joint where the three limbs meet. The first priority "
                      "is for the center of the robot to move to the right. If the two robots are roughly tied on "
                      "this metric, then the tiebreaker is how high the center is."),
     # obs = qpos[2:] (z, quaternion, 8 joints), qvel (14) [, contact forces (84) if enabled]
     _mujoco("Ant", timestep=0.01, frame_skip=5, penalty=-1.0, options=(_RUNS_ON, _NO_CTRL), root_info=_XY,
-            nq=15, nv=14, obs_dim=27, extra_obs=84, layout="root_excluded", camera="track",
+            standing_height=1.2, nq=15, nv=14, obs_dim=27, extra_obs=84, layout="root_excluded", camera="track",
             guidance="The first priority is for the robot to be standing upright, and failing that for the center of "
                      "the robot to be as high up as possible. If both robots are upright or neither is, the tie "
                      "breaker is whichever one is moving faster to the right."),

@@ -99,6 +99,35 @@ def test_mujoco_penalty_exactly_when_outside_the_healthy_range(hopper):
     np.testing.assert_array_equal(ro.terminated[steps], first_out)
 
 
+@pytest.mark.parametrize("task", ["Hopper", "Ant"])
+def test_height_penalty_pays_the_bonus_always_and_the_torso_height(task, hopper):
+    """penalty_shape="height" (rl-teacher's run-on reward) against the default range penalty, on the
+    same random rollout: the bonus withheld out of range comes back, the penalty goes, z − h0 comes in."""
+    env, ro = hopper if task == "Hopper" else rollout(task, 3, 1004)
+    env_h, ro_h = rollout(task, 3, 1004, penalty_shape="height")
+    np.testing.assert_array_equal(ro_h.obs, ro.obs)  # the reward's shape does not change the simulation
+    steps = slice(0, 1000)
+    z = ro.obs[1:1001, :, 0]  # the torso's height after each step
+    out = ~healthy(task, ro.obs[1:1001].reshape(3000, -1)).reshape(1000, 3)
+    assert out.any() and (~out).any()
+    h0 = {"Hopper": 1.0, "Ant": 1.2}[task]
+    expected = ro.raw_reward[steps] + np.where(out, 1.0, 0.0) + z - h0
+    np.testing.assert_allclose(ro_h.true_reward[steps], expected, atol=1e-5)
+    np.testing.assert_allclose(ro_h.true_reward[steps] - ro.true_reward[steps],
+                               np.where(out, 1.0 - env.spec.terminal_penalty, 0.0) + z - h0, atol=1e-5)
+    assert env_h.spec.terminal_penalty == 0.0 and env_h.options["penalty_shape"] == "height"
+    assert np.all(ro_h.true_reward[1000] == 0)  # the deferred reset still pays nothing
+
+
+def test_height_penalty_is_refused_where_it_does_not_exist():
+    with pytest.raises(ValueError, match="Hopper, Walker2d, Ant have one, Reacher has not"):
+        EnvpoolVecEnv("Reacher", 1, penalty_shape="height")
+    with pytest.raises(ValueError, match="drop terminal_penalty"):
+        EnvpoolVecEnv("Hopper", 1, penalty_shape="height", terminal_penalty=-2.0)
+    with pytest.raises(ValueError, match="penalty_shape must be one of"):
+        EnvpoolVecEnv("Hopper", 1, penalty_shape="smooth")
+
+
 @pytest.mark.parametrize("backend", ["xla", "callback"])
 def test_mujoco_true_reward_is_forward_progress_without_control_cost(backend):
     """HalfCheetah: reward = Δx / dt (x from the render data), whatever the torques; both backends."""
