@@ -172,7 +172,7 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
         # a step's penalty follows from the observation it leads to: the clip's next one (its last step has none)
         nxt = np.asarray(buffer.obs)[filled][:, :, 1:]
         h = np.asarray(healthy(rm_run.cfg.env, nxt.reshape(-1, nxt.shape[-1])))
-        in_range = healthy_weight(r.reshape(true.shape)[:, :, :-1], true[:, :, :-1], h)
+        in_range = healthy_weight(r[:, :, :-1], true[:, :, :-1], h)
     return dict(labels=n, initial=initial, ties=int(tie.sum()),
                 initial_ties=None if initial is None else int(tie[:initial].sum()),
                 still_ties=int((tie & still).sum()), corr=corr(r), corr_shuffled=corr(r_shuffled),
