@@ -38,7 +38,9 @@ MuJoCo (Christiano A.1)
   the paper's public code's instead (OpenAI's rl-teacher, 2017): the alive bonus on every step
   plus the torso's height above a standing height (``tasks.MujocoModel.standing_height``), so a
   fallen robot is paid less in proportion to how low it lies, and no constant penalty
-  (``terminal_penalty`` 0: no fall diagnostics).
+  (``terminal_penalty`` 0: no fall diagnostics).  ``episode_steps`` shortens the time limit (that
+  code's pendulums: 25 steps, 50 for the double one), so each episode starts upright again; a clip
+  is cut to one episode where 1.5 s would not fit.
 
 Both
   envpool resets lazily: the step after an episode end is a *deferred reset* that ignores the
@@ -191,19 +193,30 @@ class EnvpoolVecEnv:
                     raise ValueError("penalty_shape='height' has no per-step penalty: drop terminal_penalty")
             # the height shape pays no constant penalty: its height term takes the range's place
             penalty = 0.0 if shape == "height" else float(overrides.pop("terminal_penalty", entry.terminal_penalty))
-            seg = int(overrides.pop("segment_length", entry.segment_length))
+            # a shorter time limit (the paper's public code: 25 steps on InvertedPendulum, 50 on
+            # InvertedDoublePendulum); a clip never spans two episodes, so it is cut to one episode
+            horizon = overrides.pop("episode_steps", entry.horizon)
+            if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 2 <= horizon <= entry.horizon:
+                raise ValueError(f"episode_steps must be a whole number from 2 to {self.task}'s own {entry.horizon}, "
+                                 f"got {horizon!r}")
+            horizon = int(horizon)
+            seg = int(overrides.pop("segment_length", min(entry.segment_length, horizon)))
+            if not 1 <= seg <= horizon:
+                raise ValueError(f"segment_length must be from 1 to the episode's {horizon} steps (a clip never spans "
+                                 f"two episodes), got {seg}")
             if overrides:
                 raise ValueError(f"Unknown MuJoCo options {sorted(overrides)}")
-            self.options = dict(terminal_penalty=penalty, segment_length=seg, penalty_shape=shape)
+            self.options = dict(terminal_penalty=penalty, segment_length=seg, penalty_shape=shape,
+                                episode_steps=horizon)
             self.envpool_id = entry.envpool_id
-            self.envpool_kwargs = dict(common, **dict(entry.mujoco.options))
+            self.envpool_kwargs = dict(common, **dict(entry.mujoco.options), max_episode_steps=horizon)
             self.pool = envpool.make(self.envpool_id, **self.envpool_kwargs)
             space = self.pool.action_space
             self.spec = EnvSpec(name=self.task, obs_shape=tuple(self.pool.observation_space.shape), discrete=False,
                                 num_actions=int(space.shape[0]),
                                 action_low=tuple(float(x) for x in space.low),
                                 action_high=tuple(float(x) for x in space.high),
-                                horizon=entry.horizon, terminal_penalty=penalty, segment_length=seg,
+                                horizon=horizon, terminal_penalty=penalty, segment_length=seg,
                                 reward_std=entry.reward_std, on_terminate=entry.on_terminate)
             self.render_fields = entry.mujoco.root_info
             self.score_mask = None

@@ -128,6 +128,24 @@ def test_height_penalty_is_refused_where_it_does_not_exist():
         EnvpoolVecEnv("Hopper", 1, penalty_shape="smooth")
 
 
+def test_shorter_episodes_end_at_their_own_time_limit_and_cut_the_clip():
+    """episode_steps=25 (the paper's public code's InvertedPendulum): the boundary every 25 steps, the
+    deferred reset right after it, the clip cut from 1.5 s (38 steps) to one episode; bad values refused."""
+    env, ro = rollout("InvertedPendulum", 2, 80, episode_steps=25)
+    assert env.spec.horizon == 25 and env.spec.segment_length == 25 and env.options["episode_steps"] == 25
+    assert tasks.TASKS["InvertedPendulum"].segment_length == 38  # what the clip is cut from
+    np.testing.assert_array_equal(np.unique(np.argwhere(ro.boundary)[:, 0]), [24, 50, 76])
+    np.testing.assert_array_equal(np.unique(np.argwhere(~ro.valid)[:, 0]), [25, 51, 77])
+    assert ro.terminated[:25].any()  # the random policy still drops the pole inside one episode
+    assert EnvpoolVecEnv("InvertedDoublePendulum", 1, episode_steps=50).spec.segment_length == 30  # 1.5 s fits
+    with pytest.raises(ValueError, match="from 2 to InvertedPendulum's own 1000, got 1001"):
+        EnvpoolVecEnv("InvertedPendulum", 1, episode_steps=1001)
+    with pytest.raises(ValueError, match="got 2.5"):
+        EnvpoolVecEnv("InvertedPendulum", 1, episode_steps=2.5)
+    with pytest.raises(ValueError, match="never spans two episodes"):
+        EnvpoolVecEnv("InvertedPendulum", 1, episode_steps=25, segment_length=26)
+
+
 @pytest.mark.parametrize("backend", ["xla", "callback"])
 def test_mujoco_true_reward_is_forward_progress_without_control_cost(backend):
     """HalfCheetah: reward = Δx / dt (x from the render data), whatever the torques; both backends."""
