@@ -164,6 +164,15 @@ def steps_note(requested: int, run: int, per_iteration: int) -> str | None:
             f"{how} to {run}")
 
 
+def per_episode(values, valid, horizon: int):
+    """The mean of ``values`` [T, N] over the valid steps, times ``horizon``: a return per episode
+    of the task's fixed length.  envpool's deferred-reset step (``valid`` False, reward 0) is one
+    step in ``horizon + 1``; counting it would read InvertedPendulum's 25-step episodes at most 24.04."""
+    valid = jnp.asarray(valid, bool)
+    total = jnp.sum(jnp.where(valid, jnp.asarray(values, jnp.float32), 0.0))
+    return total / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0) * horizon
+
+
 def finished_episodes(sums, raw_reward, ends, valid):
     """Episode scores over a ``[T, N]`` stretch of steps: adds each valid step's raw reward to the
     running ``sums`` [N] and closes an episode where ``ends``.  Returns (sums, episodes finished,
@@ -355,8 +364,8 @@ class RunParts:
             iteration=jnp.asarray(it, jnp.int32),
             env_steps=jnp.asarray(it, jnp.int32) * self.steps_per_iter,
             labels=state.labels, queries=state.queries,
-            true_return=jnp.mean(rollout.true_reward) * horizon,
-            predicted_return=jnp.mean(rewards) * horizon,
+            true_return=per_episode(rollout.true_reward, rollout.valid, horizon),
+            predicted_return=per_episode(rewards, rollout.valid, horizon),
             episodes=episodes,
             episode_return=jnp.where(episodes > 0, total / jnp.maximum(episodes, 1), nan),
             terminations=jnp.sum(rollout.terminated.astype(jnp.int32)),

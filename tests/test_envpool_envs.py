@@ -16,6 +16,7 @@ from rlhp_jax import queries
 from rlhp_jax import tasks
 from rlhp_jax.envpool_envs import EnvpoolVecEnv, healthy
 from rlhp_jax.envs import make_env
+from rlhp_jax.loop import per_episode
 from rlhp_jax.rollout import collect_rollout
 
 
@@ -137,6 +138,10 @@ def test_shorter_episodes_end_at_their_own_time_limit_and_cut_the_clip():
     np.testing.assert_array_equal(np.unique(np.argwhere(ro.boundary)[:, 0]), [24, 50, 76])
     np.testing.assert_array_equal(np.unique(np.argwhere(~ro.valid)[:, 0]), [25, 51, 77])
     assert ro.terminated[:25].any()  # the random policy still drops the pole inside one episode
+    # a return per episode counts the valid steps only: +1 on each of them is 25 per episode, not 24.06
+    np.testing.assert_allclose(per_episode(np.where(ro.valid, 1.0, 0.0), ro.valid, 25), 25.0, rtol=1e-6)
+    np.testing.assert_allclose(per_episode(ro.true_reward, ro.valid, 25),
+                               ro.true_reward[ro.valid].mean() * 25, rtol=1e-5)
     assert EnvpoolVecEnv("InvertedDoublePendulum", 1, episode_steps=50).spec.segment_length == 30  # 1.5 s fits
     with pytest.raises(ValueError, match="from 2 to InvertedPendulum's own 1000, got 1001"):
         EnvpoolVecEnv("InvertedPendulum", 1, episode_steps=1001)
