@@ -89,9 +89,13 @@ A1_DIFFERENCES: list[str] = [
     "A.1 does not give its run length)",
     "the label budget is spent by the run's end: the rate keeps A.1's shape ∝ 2e6/(T + 2e6), "
     "scaled so the last label is due at the last step",
-    "Reacher's clips are its whole 50-step episode (1 s), shorter than A.1's 1.5 s",
-    "the penalty for a step outside the healthy range (Hopper, Walker2d, Ant, both pendulums) is ours: "
-    "such a step scores minus the task's alive bonus (A.1 replaces termination by a penalty of unstated size)",
+    "Reacher's and InvertedPendulum's clips are their whole episode (50 steps = 1 s, 25 steps = 1 s), shorter "
+    "than A.1's 1.5 s",
+    "A.1 replaces termination by a penalty of unstated size. Hopper and Walker2d get the run-on reward of the "
+    "paper's public code (rl-teacher) instead: the alive bonus on every step plus the torso's height above a "
+    "standing height (1 and 2); on Ant and both pendulums a step outside the healthy range scores minus the "
+    "task's alive bonus (ours)",
+    "the pendulums' episodes last 25 and 50 steps, as in the paper's public code (gym's last 1000)",
     "the reward MLP sees each observation feature standardized over the labeled clips (A.1 feeds raw features)",
     "the predictor is fitted between RL iterations (one label per 10 RL steps), not asynchronously; it fits "
     "one iteration's share before the first update, so every batch is scored as an asynchronous predictor "

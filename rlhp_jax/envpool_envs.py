@@ -38,9 +38,12 @@ MuJoCo (Christiano A.1)
   the paper's public code's instead (OpenAI's rl-teacher, 2017): the alive bonus on every step
   plus the torso's height above a standing height (``tasks.MujocoModel.standing_height``), so a
   fallen robot is paid less in proportion to how low it lies, and no constant penalty
-  (``terminal_penalty`` 0: no fall diagnostics).  ``episode_steps`` shortens the time limit (that
-  code's pendulums: 25 steps, 50 for the double one), so each episode starts upright again; a clip
-  is cut to one episode where 1.5 s would not fit.
+  (``terminal_penalty`` 0: no fall diagnostics).  It is the default where the task's row says so
+  (``tasks.MujocoModel.penalty_shape``: Hopper and Walker2d, where the range penalty was measured
+  to fail); ``penalty_shape="range"`` asks for the range penalty.  ``episode_steps`` sets the time
+  limit (default: the task's, gym's 1000 but for Reacher's 50 and the pendulums' 25 and 50, the
+  public code's, so each episode starts upright again), up to gym's own; a clip is cut to one
+  episode where 1.5 s would not fit.
 
 Both
   envpool resets lazily: the step after an episode end is a *deferred reset* that ignores the
@@ -180,7 +183,7 @@ class EnvpoolVecEnv:
             self.render_fields: tuple[str, ...] = tuple(self.native_frames.FIELDS) if self.native_frames else ()
             self.backend = "xla" if backend == "auto" else backend
         else:
-            shape = overrides.pop("penalty_shape", "range")
+            shape = overrides.pop("penalty_shape", entry.mujoco.penalty_shape)
             if shape not in PENALTY_SHAPES:
                 raise ValueError(f"penalty_shape must be one of {PENALTY_SHAPES}, got {shape!r}")
             if shape == "height":
@@ -190,17 +193,19 @@ class EnvpoolVecEnv:
                     raise ValueError(f"penalty_shape='height' needs a standing height: {', '.join(with_height)} "
                                      f"have one, {self.task} has not")
                 if "terminal_penalty" in overrides:
-                    raise ValueError("penalty_shape='height' has no per-step penalty: drop terminal_penalty")
+                    raise ValueError(f"penalty_shape='height' ({self.task}'s default) has no per-step penalty: drop "
+                                     "terminal_penalty, or ask for the range penalty: ('penalty_shape', 'range')")
             # the height shape pays no constant penalty: its height term takes the range's place
             penalty = 0.0 if shape == "height" else float(overrides.pop("terminal_penalty", entry.terminal_penalty))
-            # a shorter time limit (the paper's public code: 25 steps on InvertedPendulum, 50 on
-            # InvertedDoublePendulum); a clip never spans two episodes, so it is cut to one episode
+            # the time limit: the task's (``tasks.TASKS``; the pendulums' are the paper's public code's,
+            # 25 and 50 steps), up to gym's own; a clip never spans two episodes, so it is cut to one
             horizon = overrides.pop("episode_steps", entry.horizon)
-            if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 2 <= horizon <= entry.horizon:
-                raise ValueError(f"episode_steps must be a whole number from 2 to {self.task}'s own {entry.horizon}, "
+            gym_steps = int(envpool.make_spec(entry.envpool_id).config.max_episode_steps)
+            if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 2 <= horizon <= gym_steps:
+                raise ValueError(f"episode_steps must be a whole number from 2 to gym's {gym_steps} for {self.task}, "
                                  f"got {horizon!r}")
             horizon = int(horizon)
-            seg = int(overrides.pop("segment_length", min(entry.segment_length, horizon)))
+            seg = int(overrides.pop("segment_length", min(entry.mujoco.clip_steps, horizon)))
             if not 1 <= seg <= horizon:
                 raise ValueError(f"segment_length must be from 1 to the episode's {horizon} steps (a clip never spans "
                                  f"two episodes), got {seg}")

@@ -56,11 +56,20 @@ class MujocoModel:
     # term z - standing_height is measured from: the values of the paper's public code (OpenAI's
     # rl-teacher, 2017: Hopper 1, Walker2d 2, Ant 1.2); None where that code has no height term
     standing_height: float | None = None
+    # what a step outside the healthy range costs unless ``penalty_shape`` says otherwise
+    # (``envpool_envs.PENALTY_SHAPES``): "height" where the range penalty was measured to fail
+    # (BUILD_NOTES, "Fig. 2 on all eight tasks"), "range" elsewhere
+    penalty_shape: str = "range"
 
     @property
     def control_timestep(self) -> float:
         """Simulated seconds per environment step."""
         return self.model_timestep * self.frame_skip
+
+    @property
+    def clip_steps(self) -> int:
+        """A.1's 1.5 s clip in environment steps (before it is cut to one episode)."""
+        return round(CLIP_SECONDS / self.control_timestep)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,14 +133,15 @@ def _atari(name, *, actions, guidance="", hint="", terminal_penalty=-10.0) -> Ta
 
 
 def _mujoco(name, *, timestep, frame_skip, penalty, options, root_info, nq, nv, obs_dim, layout, camera,
-            guidance, extra_obs=0, episode_steps=1000, aliases=(), standing_height=None) -> Task:
+            guidance, extra_obs=0, episode_steps=1000, aliases=(), standing_height=None,
+            penalty_shape="range") -> Task:
     """A.1: the task runs on for its whole time limit (``on_terminate="continue"``), clips of 1.5 s
     of the task's own time (at most one episode: Reacher's lasts 50 steps = 1 s), r̂ std 1."""
     model = MujocoModel(timestep, frame_skip, options, root_info, nq, nv, obs_dim, layout, camera, extra_obs,
-                        standing_height)
+                        standing_height, penalty_shape)
     dt = model.control_timestep
     return Task(name=name, backend="mujoco", horizon=episode_steps,
-                segment_length=min(round(CLIP_SECONDS / dt), episode_steps), fps=1.0 / dt,
+                segment_length=min(model.clip_steps, episode_steps), fps=1.0 / dt,
                 terminal_penalty=penalty, reward_std=1.0, on_terminate="continue", aliases=aliases,
                 envpool_id=f"{name}-v4", mujoco=model, guidance=guidance, guidance_source=CHRISTIANO_B)
 
@@ -223,18 +233,21 @@ _ENTRIES = (
            guidance="Shoot enemy ships (good), and don't let your ship (the one at the bottom of the screen) get shot "
                     "(very bad)."),
     # ---- MuJoCo (A.1).  Clips of 1.5 s: Hopper and Walker2d 188 steps (8 ms per step), HalfCheetah, Ant
-    # and InvertedDoublePendulum 30, Swimmer and InvertedPendulum 38, Reacher its whole 50-step episode.
+    # and InvertedDoublePendulum 30, Swimmer 38, Reacher and InvertedPendulum their whole episode (50 and
+    # 25 steps).  Episodes: gym's 1000 steps, but the pendulums' are the paper's public code's (rl-teacher:
+    # 25 and 50), so every episode starts upright: in 1000-step ones the untrained pole lies fallen for all
+    # but ~5 steps and almost every label is a tie between two fallen clips (BUILD_NOTES).
     # (A.1 says "15 to 60 timesteps"; gym's own timesteps give 188 on Hopper and Walker2d, and 1.5 s is
     # what a person watches, so the seconds win.)  Observation layouts: see render.mujoco.reconstruct_state;
     # camera: the XML's "track" camera, or a free one showing the whole arena / rail.  Guidance: B.1.
     _mujoco("Hopper", timestep=0.002, frame_skip=4, penalty=-1.0, options=(_RUNS_ON, _NO_CTRL), root_info=_X,
-            standing_height=1.0, nq=6, nv=6, obs_dim=11, layout="root_excluded", camera="track",  # obs = qpos[1:], clip(qvel, ±10)
+            penalty_shape="height", standing_height=1.0, nq=6, nv=6, obs_dim=11, layout="root_excluded", camera="track",  # obs = qpos[1:], clip(qvel, ±10)
             guidance="The \u201ccenter\u201d of the robot is the joint closest to the pointy end. The first priority "
                      "is for the center of the robot to move to the right (moving to the left is worse than not "
                      "moving at all). If the two robots are roughly tied on this metric, then the tiebreaker is how "
                      "high the center is."),
     _mujoco("Walker2d", timestep=0.002, frame_skip=4, penalty=-1.0, options=(_RUNS_ON, _NO_CTRL), root_info=_X,
-            standing_height=2.0, nq=9, nv=9, obs_dim=17, layout="root_excluded", camera="track",
+            penalty_shape="height", standing_height=2.0, nq=9, nv=9, obs_dim=17, layout="root_excluded", camera="track",
             guidance="The \u201ccenter\u201d of the robot is the joint where the three limbs meet. The first priority "
                      "is for the center of the robot to move to the right. If the two robots are roughly tied on "
                      "this metric, then the tiebreaker is how high the center is."),
@@ -258,7 +271,7 @@ _ENTRIES = (
             guidance="The green dot on the robot arm should be as close as possible to the red dot. Being near for a "
                      "while and far for a while is worse than being at an intermediate distance for the entire clip."),
     _mujoco("InvertedPendulum", timestep=0.02, frame_skip=2, penalty=-2.0, options=_POLE_RUNS_ON, root_info=(),
-            nq=2, nv=2, obs_dim=4, layout="full", aliases=("pendulum",),  # obs = qpos, qvel
+            episode_steps=25, nq=2, nv=2, obs_dim=4, layout="full", aliases=("pendulum",),  # obs = qpos, qvel
             camera=dict(lookat=(0.0, 0.0, 0.2), distance=2.6, elevation=-10.0, azimuth=90.0),
             guidance="The pendulum should be pointing approximately up. There will be a lot of ties where the "
                      "pendulum has fallen and a lot of \u201ccan't tells\u201d where it is off the side of the screen. "
@@ -266,7 +279,7 @@ _ENTRIES = (
                      "the other pendulum."),
     # obs = q[0], sin(q[1:]), cos(q[1:]), clip(qvel, ±10), clip(qfrc_constraint, ±10)
     _mujoco("InvertedDoublePendulum", timestep=0.01, frame_skip=5, penalty=-20.0, options=(_TIP_RUNS_ON,),
-            root_info=(), nq=3, nv=3, obs_dim=11, layout="double_pendulum",
+            root_info=(), episode_steps=50, nq=3, nv=3, obs_dim=11, layout="double_pendulum",
             aliases=("double pendulum", "double_pendulum"),
             camera=dict(lookat=(0.0, 0.0, 0.45), distance=3.2, elevation=-8.0, azimuth=90.0),
             guidance="Both pendulums should be pointing approximately up (if they fall down, the cart should try to "

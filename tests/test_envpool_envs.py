@@ -73,7 +73,7 @@ def lockstep(name, num_envs, steps, seed=1, twin_options=None, **kw):
 # ------------------------------------------------------------------ MuJoCo (Christiano A.1)
 @pytest.fixture(scope="module")
 def hopper():
-    return rollout("Hopper", 3, 1004)
+    return rollout("Hopper", 3, 1004, penalty_shape="range")
 
 
 def test_mujoco_episodes_have_fixed_length_and_the_agent_sees_no_termination(hopper):
@@ -102,9 +102,9 @@ def test_mujoco_penalty_exactly_when_outside_the_healthy_range(hopper):
 
 @pytest.mark.parametrize("task", ["Hopper", "Ant"])
 def test_height_penalty_pays_the_bonus_always_and_the_torso_height(task, hopper):
-    """penalty_shape="height" (rl-teacher's run-on reward) against the default range penalty, on the
-    same random rollout: the bonus withheld out of range comes back, the penalty goes, z − h0 comes in."""
-    env, ro = hopper if task == "Hopper" else rollout(task, 3, 1004)
+    """penalty_shape="height" (rl-teacher's run-on reward) against A.1's range penalty, on the same
+    random rollout: the bonus withheld out of range comes back, the penalty goes, z − h0 comes in."""
+    env, ro = hopper if task == "Hopper" else rollout(task, 3, 1004, penalty_shape="range")
     env_h, ro_h = rollout(task, 3, 1004, penalty_shape="height")
     np.testing.assert_array_equal(ro_h.obs, ro.obs)  # the reward's shape does not change the simulation
     steps = slice(0, 1000)
@@ -120,6 +120,19 @@ def test_height_penalty_pays_the_bonus_always_and_the_torso_height(task, hopper)
     assert np.all(ro_h.true_reward[1000] == 0)  # the deferred reset still pays nothing
 
 
+def test_each_task_has_its_penalty_by_default():
+    """The height reward where the range penalty was measured to fail (Hopper, Walker2d), the range
+    penalty elsewhere; the default's refusal of a per-step penalty names the way to the range."""
+    shape = lambda name, **kw: EnvpoolVecEnv(name, 1, **kw).options["penalty_shape"]
+    assert [shape(t) for t in ("Hopper", "Walker2d", "HalfCheetah", "InvertedPendulum")] == \
+        ["height", "height", "range", "range"]
+    assert shape("Hopper", penalty_shape="range") == "range"
+    assert EnvpoolVecEnv("Hopper", 1, penalty_shape="range", terminal_penalty=-2.0).spec.terminal_penalty == -2.0
+    with pytest.raises(ValueError, match=r"Hopper's default\) has no per-step penalty: drop terminal_penalty, or "
+                                         r"ask for the range penalty"):
+        EnvpoolVecEnv("Hopper", 1, terminal_penalty=-2.0)
+
+
 def test_height_penalty_is_refused_where_it_does_not_exist():
     with pytest.raises(ValueError, match="Hopper, Walker2d, Ant have one, Reacher has not"):
         EnvpoolVecEnv("Reacher", 1, penalty_shape="height")
@@ -129,12 +142,15 @@ def test_height_penalty_is_refused_where_it_does_not_exist():
         EnvpoolVecEnv("Hopper", 1, penalty_shape="smooth")
 
 
-def test_shorter_episodes_end_at_their_own_time_limit_and_cut_the_clip():
-    """episode_steps=25 (the paper's public code's InvertedPendulum): the boundary every 25 steps, the
-    deferred reset right after it, the clip cut from 1.5 s (38 steps) to one episode; bad values refused."""
-    env, ro = rollout("InvertedPendulum", 2, 80, episode_steps=25)
+def test_pendulum_episodes_end_at_their_own_time_limit_and_cut_the_clip():
+    """InvertedPendulum's 25-step episodes (the paper's public code's): the boundary every 25 steps,
+    the deferred reset right after it, the clip cut from 1.5 s (38 steps) to one episode; gym's 1000
+    on request; bad values refused."""
+    env, ro = rollout("InvertedPendulum", 2, 80)
     assert env.spec.horizon == 25 and env.spec.segment_length == 25 and env.options["episode_steps"] == 25
-    assert tasks.TASKS["InvertedPendulum"].segment_length == 38  # what the clip is cut from
+    assert tasks.TASKS["InvertedPendulum"].mujoco.clip_steps == 38  # what the clip is cut from
+    long = EnvpoolVecEnv("InvertedPendulum", 1, episode_steps=1000)
+    assert long.spec.horizon == 1000 and long.spec.segment_length == 38
     np.testing.assert_array_equal(np.unique(np.argwhere(ro.boundary)[:, 0]), [24, 50, 76])
     np.testing.assert_array_equal(np.unique(np.argwhere(~ro.valid)[:, 0]), [25, 51, 77])
     assert ro.terminated[:25].any()  # the random policy still drops the pole inside one episode
@@ -142,8 +158,9 @@ def test_shorter_episodes_end_at_their_own_time_limit_and_cut_the_clip():
     np.testing.assert_allclose(per_episode(np.where(ro.valid, 1.0, 0.0), ro.valid, 25), 25.0, rtol=1e-6)
     np.testing.assert_allclose(per_episode(ro.true_reward, ro.valid, 25),
                                ro.true_reward[ro.valid].mean() * 25, rtol=1e-5)
-    assert EnvpoolVecEnv("InvertedDoublePendulum", 1, episode_steps=50).spec.segment_length == 30  # 1.5 s fits
-    with pytest.raises(ValueError, match="from 2 to InvertedPendulum's own 1000, got 1001"):
+    double = EnvpoolVecEnv("InvertedDoublePendulum", 1).spec
+    assert (double.horizon, double.segment_length) == (50, 30)  # 1.5 s fits in its 50 steps
+    with pytest.raises(ValueError, match="from 2 to gym's 1000 for InvertedPendulum, got 1001"):
         EnvpoolVecEnv("InvertedPendulum", 1, episode_steps=1001)
     with pytest.raises(ValueError, match="got 2.5"):
         EnvpoolVecEnv("InvertedPendulum", 1, episode_steps=2.5)
@@ -198,7 +215,8 @@ def test_clips_last_one_and_a_half_seconds_of_each_tasks_own_time():
         xml, frame_skip = mujoco_asset(name)
         assert frame_skip == model.frame_skip == spec.frame_skip, name
         assert mujoco.MjModel.from_xml_path(xml).opt.timestep == pytest.approx(model.model_timestep), name
-        assert task.horizon == spec.max_episode_steps, name
+        # gym's time limit, but the pendulums' (the paper's public code's: 25 and 50 steps)
+        assert task.horizon == {"InvertedPendulum": 25, "InvertedDoublePendulum": 50}.get(name, spec.max_episode_steps)
         seconds = task.segment_length * model.control_timestep
         if task.horizon * model.control_timestep >= 1.5:
             assert abs(seconds - 1.5) <= model.control_timestep / 2 + 1e-9, (name, seconds)
@@ -240,8 +258,8 @@ def test_pendulums_run_on_after_a_fall_with_a_penalty_per_step_out(task):
     """Appendix B's instructions show fallen pendulums on screen ("a lot of ties where the pendulum
     has fallen"; "if they fall down, the cart should try to swing them back up"): a fall does not
     reset the task.  The reward is envpool's own until the fall, and each step out of range
-    scores minus the alive bonus."""
-    env, ours, raw = lockstep(task, 2, 300, twin_options={})
+    scores minus the alive bonus.  (Gym's 1000-step episodes here, to watch the fallen pole stay.)"""
+    env, ours, raw = lockstep(task, 2, 300, twin_options={}, episode_steps=1000)
     assert env.spec.on_terminate == "continue" and env.spec.horizon == 1000
     assert ours.valid.all() and not ours.boundary.any()  # no reset in 300 steps
     out = ~np.asarray(healthy(task, ours.obs.reshape(-1, ours.obs.shape[-1]))).reshape(300, 2)

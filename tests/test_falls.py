@@ -21,9 +21,11 @@ from rlhp_jax.loop import RunParts
 
 @pytest.fixture(scope="module")
 def hopper():
-    """RunParts of a small Hopper run and one rollout of its untrained policy."""
+    """RunParts of a small Hopper run (A.1's range penalty: the fall diagnostics need it) and one
+    rollout of its untrained policy."""
     cfg = RunConfig(env="Hopper", agent="trpo", total_steps=8192, labels=64, seed=0,
-                    agent_config=TRPOConfig(num_envs=8, num_steps=1024), baseline_reward="raw")
+                    agent_config=TRPOConfig(num_envs=8, num_steps=1024), baseline_reward="raw",
+                    env_options=(("penalty_shape", "range"),))
     parts = RunParts(cfg)
     key = jax.random.PRNGKey(0)
     agent_state = parts.agent.init(key)
