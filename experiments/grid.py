@@ -126,11 +126,26 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _effective(config: dict) -> dict:
+    """``config`` with its ``env_options`` less those at the task's default value (a run that named
+    the height reward on Hopper before it became the default is the run the default makes)."""
+    from rlhp_jax.envpool_envs import option_defaults
+
+    options = config.get("env_options")
+    if not isinstance(options, list):
+        return config
+    defaults = option_defaults(str(config.get("env", "")))
+    kept = [pair for pair in options
+            if not (isinstance(pair, list) and len(pair) == 2 and pair[0] in defaults and defaults[pair[0]] == pair[1])]
+    return {**config, "env_options": kept}
+
+
 def config_mismatches(run: Run, config: dict, root: Path) -> list[str]:
     """How a run directory's ``config.json`` differs from the run asked for with today's settings:
     any field (a preset that changed since the run was made is a mismatch too), except the output
-    path and, for the true-reward arm, the label budget it never uses."""
-    want = expected_config(run, root)
+    path, for the true-reward arm the label budget it never uses, and environment options named at
+    the task's default value."""
+    want, config = _effective(expected_config(run, root)), _effective(config)
     if run.labels is None:
         want.pop("labels", None)
     return [f"{key} is {_short(config.get(key))}, asked for {_short(value)}" for key, value in want.items()

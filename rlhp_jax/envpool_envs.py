@@ -78,6 +78,15 @@ PENALTY_SHAPES = ("range", "height")
 ALIVE_BONUS = 1.0  # gym v4's healthy_reward on Hopper, Walker2d and Ant (envpool's default)
 
 
+def option_defaults(name: str) -> dict[str, Any]:
+    """The MuJoCo options whose default is the task's own (its row of ``tasks.TASKS``): what a run
+    that names none of them gets.  A run that names one at its default value is the same run."""
+    entry = tasks.find(name)
+    if entry is None or entry.backend != "mujoco":
+        return {}
+    return dict(penalty_shape=entry.mujoco.penalty_shape, episode_steps=entry.horizon)
+
+
 def healthy(task: str, obs) -> jax.Array:
     """Gym v4's healthy range, from the observation (which excludes the root x position).
 
@@ -183,7 +192,8 @@ class EnvpoolVecEnv:
             self.render_fields: tuple[str, ...] = tuple(self.native_frames.FIELDS) if self.native_frames else ()
             self.backend = "xla" if backend == "auto" else backend
         else:
-            shape = overrides.pop("penalty_shape", entry.mujoco.penalty_shape)
+            defaults = option_defaults(entry.name)
+            shape = overrides.pop("penalty_shape", defaults["penalty_shape"])
             if shape not in PENALTY_SHAPES:
                 raise ValueError(f"penalty_shape must be one of {PENALTY_SHAPES}, got {shape!r}")
             if shape == "height":
@@ -199,7 +209,7 @@ class EnvpoolVecEnv:
             penalty = 0.0 if shape == "height" else float(overrides.pop("terminal_penalty", entry.terminal_penalty))
             # the time limit: the task's (``tasks.TASKS``; the pendulums' are the paper's public code's,
             # 25 and 50 steps), up to gym's own; a clip never spans two episodes, so it is cut to one
-            horizon = overrides.pop("episode_steps", entry.horizon)
+            horizon = overrides.pop("episode_steps", defaults["episode_steps"])
             gym_steps = int(envpool.make_spec(entry.envpool_id).config.max_episode_steps)
             if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or not 2 <= horizon <= gym_steps:
                 raise ValueError(f"episode_steps must be a whole number from 2 to gym's {gym_steps} for {self.task}, "

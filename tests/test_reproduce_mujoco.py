@@ -189,6 +189,22 @@ def test_baseline_config_keeps_its_unused_label_count_without_mismatch(grid):
     assert fake.calls == []
 
 
+def test_env_options_named_at_the_tasks_default_are_the_default_run(grid, capsys):
+    """A Hopper run that named the height reward before it became Hopper's default (and a pendulum run
+    that named its 25 steps) is the run the default makes; one that named the range penalty is not."""
+    root, argv, fake = grid
+    write_run(root, "Hopper", 700, 0, config_changes={"env_options": [["penalty_shape", "height"]]})
+    write_run(root, "Hopper", None, 0, config_changes={"env_options": [["penalty_shape", "height"]]})
+    write_run(root, "InvertedPendulum", None, 0, config_changes={"env_options": [["episode_steps", 25]]})
+    write_run(root, "InvertedPendulum", 700, 0)
+    assert rm.main(argv + ["--tasks", "Hopper", "InvertedPendulum", "--seeds", "1"]) == 0
+    assert fake.calls == []
+    wrong = write_run(root, "Walker2d", 700, 0, config_changes={"env_options": [["penalty_shape", "range"]]})
+    assert rm.main(argv + ["--tasks", "Walker2d", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert str(wrong) in err and "env_options" in err and "range" in err
+
+
 def test_failed_run_is_reported_and_the_others_still_run(grid, capsys):
     root, argv, fake = grid
     fake.fail = {mg.run_dir(root, "Hopper", None, 0, STEPS).name}
