@@ -2,8 +2,10 @@
 
     python -m experiments.fall_diagnostics runs/mujoco/Hopper-trpo-700labels-seed0 --out docs/results/falls_Hopper.png
 
-Every iteration of a learning run on Hopper, Walker2d, Ant, the pendulums or CartPole writes
-``fall_*`` columns to ``metrics.jsonl`` (``RunParts.fall_diagnostics``).  This draws four panels
+Every iteration of a learning run on a task that penalizes each step out of its range (Ant, the
+pendulums, CartPole; Hopper and Walker2d with ``--env-options '(("penalty_shape","range"),)'``, their
+default being the height reward, which has no penalty to find falls by) writes ``fall_*`` columns
+to ``metrics.jsonl`` (``RunParts.fall_diagnostics``).  This draws four panels
 against environment steps, one line per run: how often the agent is out of the healthy range;
 how many candidate clips and how many of the clips selection picks show a fall; mean r̂ on
 fallen and on healthy steps; and corr(r̂, true return) on clips with and without a fall.
@@ -47,7 +49,9 @@ def plot(run_dirs: list[Path], out: Path) -> None:
     for i, run in enumerate(run_dirs):
         rows = read_jsonl(run / "metrics.jsonl")
         if not any("fall_out_of_range" in r for r in rows):
-            raise SystemExit(f"error: {run} has no fall diagnostics (a learning run on a task with a penalty)")
+            raise SystemExit(f"error: {run} has no fall diagnostics: they come from a learning run on a task with a "
+                             "penalty out of range (Hopper and Walker2d default to the height reward: run them "
+                             "with --env-options '((\"penalty_shape\",\"range\"),)')")
         for ax, (title, keys) in zip(axes.flat, PANELS + (("", ()),)):
             if not keys:
                 ax.axis("off")

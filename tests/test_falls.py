@@ -129,6 +129,6 @@ def test_fall_diagnostics_plot(tmp_path):
     out = tmp_path / "falls.png"
     assert fall_diagnostics.main([str(run), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    with pytest.raises(SystemExit, match="no fall diagnostics"):
+    with pytest.raises(SystemExit, match="no fall diagnostics.*penalty_shape"):
         fall_diagnostics.main([str(plain), "--out", str(tmp_path / "x.png")])
     assert fall_diagnostics.main([str(tmp_path / "missing")]) == 2
