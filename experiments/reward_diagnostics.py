@@ -51,6 +51,7 @@ from rlhp_jax.rollout import collect_rollout
 from rlhp_jax.core import clip_action
 from rlhp_jax import tasks
 from rlhp_jax.envpool_envs import healthy
+from rlhp_jax.loop import per_episode
 from rlhp_jax.runs import read_run_config
 
 
@@ -83,7 +84,7 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     r_hat = lambda a: np.asarray(rm_run.ensemble.predict_reward(rm_state["ensemble"], o, clip_action(spec, a)))[valid]
     r = r_hat(sampled)
     true = np.asarray(ro.true_reward).reshape(-1)[valid]
-    row = dict(true_return=float(true.mean()) * spec.horizon, r_hat=float(r.mean()),
+    row = dict(true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)), r_hat=float(r.mean()),
                corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
                slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0)
     if not spec.discrete and not greedy:
