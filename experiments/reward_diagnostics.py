@@ -20,7 +20,17 @@ fail on a reward that moved while it learned?  It trains fresh agents (``--retra
 them, the run's own agent settings) for STEPS steps on the run's *final* r̂, frozen (no labels, no
 refit), and prints each one's greedy evaluation on the unmodified task (gymnax; elsewhere the
 true return per episode of its training rollouts) every ``eval_every`` iterations.  If fresh
-agents on the frozen r̂ fail the same way, the reward model is at fault.
+agents on the frozen r̂ fail the same way, the reward model is at fault.  ``--rm`` may also name
+a run on the true reward: its agents then train on that reward, as a fresh run of it would.
+
+    python -m experiments.reward_diagnostics --rm BASELINE_RUN --retrain 1500000 --retrain-from LEARNED_RUN
+
+``--retrain-from RUN`` starts the agents from RUN's newest policy (and value function) instead of
+fresh ones, so the swap answers whether a policy is stuck: the learned run's policy trained on
+the true reward (``--rm`` a true-reward run) leaves a mediocre gait or does not, and the
+true-reward run's policy trained on the frozen r̂ keeps its gait or loses it.  The value function
+comes along: on the other reward its scale is wrong for the first iterations.  RUN must be of
+the same task and agent as ``--rm``.
 
     python -m experiments.reward_diagnostics --rm RUN --labels
 
@@ -93,19 +103,28 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     return row
 
 
-def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int) -> list[tuple[int, float]]:
-    """A fresh agent trained for ``steps`` environment steps on ``rm_run``'s r̂ as it stands in
-    ``rm_state`` (frozen): [(env steps, return)] every ``eval_every`` iterations and at the end —
-    the greedy evaluation on the unmodified task where the run has one (gymnax), else the true
-    return per fixed-length episode of that iteration's own rollout (the MuJoCo and Atari tables'
-    measure)."""
+def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int, start_agent=None) -> list[tuple[int, float]]:
+    """An agent trained for ``steps`` environment steps on ``rm_run``'s reward: its r̂ as it stands
+    in ``rm_state`` (frozen), or, for a run on the true reward, that reward as a fresh run of it
+    would scale it.  The agent is fresh, or ``start_agent`` (another run's agent state of the same
+    task and agent).  Returns [(env steps, return)] every ``eval_every`` iterations and at the
+    end — the greedy evaluation on the unmodified task where the run has one (gymnax), else the
+    true return per fixed-length episode of that iteration's own rollout (the MuJoCo and Atari
+    tables' measure)."""
     parts, cfg = rm_run.parts, rm_run.cfg
-    if not parts.learn:
-        raise ValueError(f"{cfg.out} trained on the true reward: it has no r̂ to retrain on")
     iters = steps // parts.steps_per_iter
     if iters < 1:
         raise ValueError(f"--retrain needs at least one iteration: {parts.steps_per_iter} steps")
-    state = parts.fresh(jax.random.PRNGKey(seed)).replace(ensemble=rm_state["ensemble"])
+    state = parts.fresh(jax.random.PRNGKey(seed))
+    if start_agent is not None:
+        same = jax.tree.structure(start_agent) == jax.tree.structure(state.agent) and all(
+            a.shape == b.shape for a, b in zip(jax.tree.leaves(start_agent), jax.tree.leaves(state.agent)))
+        if not same:
+            raise ValueError(f"--retrain-from names a run whose agent does not fit {cfg.out}'s "
+                             f"({cfg.agent} on {cfg.env}): the same task and agent settings are needed")
+        state = state.replace(agent=start_agent)
+    if parts.learn:
+        state = state.replace(ensemble=rm_state["ensemble"])
     key = jax.random.PRNGKey(seed + 1)
     evals = []
     for it in range(1, iters + 1):
@@ -190,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--retrain", type=int, default=None, metavar="STEPS",
                    help="train fresh agents for STEPS steps on --rm's final r̂, frozen (see above)")
     p.add_argument("--retrain-seeds", type=int, default=3, metavar="N", help="fresh agents to train (default 3)")
+    p.add_argument("--retrain-from", default=None, metavar="RUN",
+                   help="start the --retrain agents from RUN's newest policy instead of fresh ones (see above)")
     p.add_argument("--labels", action="store_true",
                    help="what --rm's labels hold and how its r̂ reads them (see above)")
     args = p.parse_args(argv)
@@ -199,6 +220,8 @@ def main(argv=None) -> int:
         p.error("give run directories to score, --retrain STEPS or --labels")
     if args.retrain is not None and (args.retrain < 1 or args.retrain_seeds < 1):
         p.error("--retrain and --retrain-seeds must be positive")
+    if args.retrain_from is not None and args.retrain is None:
+        p.error("--retrain-from needs --retrain STEPS")
     try:
         rm_run, rm_state = load(args.rm)
         if args.labels:
@@ -223,12 +246,22 @@ def main(argv=None) -> int:
             if not args.runs and args.retrain is None:
                 return 0
         if args.retrain is not None:
+            start = None
+            if args.retrain_from is not None:
+                start_run, start_state = load(args.retrain_from)
+                if start_run.spec.obs_shape != rm_run.spec.obs_shape \
+                        or start_run.spec.num_actions != rm_run.spec.num_actions:
+                    raise ValueError(f"{args.retrain_from} ran another task than {args.rm}")
+                start = start_state["agent"]
             for i in range(args.retrain_seeds):
-                evals = retrain(rm_run, rm_state, args.retrain, seed=args.seed + i)
+                evals = retrain(rm_run, rm_state, args.retrain, seed=args.seed + i, start_agent=start)
                 if i == 0:
                     measure = ("greedy evaluation return" if rm_run.can_evaluate
                                else "true return per episode of the training rollouts")
-                    print(f"fresh agents on the final r̂ of {args.rm}, frozen: {measure} at env steps")
+                    who = "fresh agents" if start is None else f"agents starting from the newest policy of {args.retrain_from}"
+                    reward = (f"the final r̂ of {args.rm}, frozen" if rm_run.parts.learn
+                              else f"the true reward of {args.rm}")
+                    print(f"{who} on {reward}: {measure} at env steps")
                 print(f"seed {args.seed + i}: " + ", ".join(f"{s:,}: {r:.0f}" for s, r in evals), flush=True)
             if not args.runs:
                 return 0

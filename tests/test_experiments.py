@@ -378,3 +378,38 @@ def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run
     assert "at least one iteration: 2048 steps" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # nothing asked: neither runs to score, --retrain nor --labels
         reward_diagnostics.main(["--rm", str(cartpole_run)])
+
+
+def test_reward_diagnostics_retrain_from_another_policy_and_on_the_true_reward(cartpole_run, tmp_path, capsys):
+    """The swap behind the Swimmer diagnosis: agents start from a run's policy instead of fresh
+    ones, on the frozen r̂ or on the true reward of a true-reward run's config."""
+    import dataclasses
+
+    import jax
+
+    from experiments import reward_diagnostics
+
+    run, state = reward_diagnostics.load(str(cartpole_run))
+    fresh = reward_diagnostics.retrain(run, state, 2048, seed=0)
+    # starting from the agent a fresh start draws is the fresh start; from the run's trained agent it is not
+    assert reward_diagnostics.retrain(run, state, 2048, seed=0,
+                                      start_agent=run.parts.fresh(jax.random.PRNGKey(0)).agent) == fresh
+    trained = reward_diagnostics.retrain(run, state, 2048, seed=0, start_agent=state["agent"])
+    assert trained != fresh
+    # the same start on the true reward (the run's config as RL's arm): another update, no r̂ needed
+    true_run = PreferenceRun(dataclasses.replace(run.cfg, reward_source="true", out=str(tmp_path / "rl")),
+                             progress=False)
+    on_true = reward_diagnostics.retrain(true_run, {}, 2048, seed=0, start_agent=state["agent"])
+    assert [s for s, _ in on_true] == [2048] and 0 < on_true[0][1] <= 500
+    assert reward_diagnostics.retrain(true_run, {}, 2048, seed=0) != fresh  # another reward, another update
+
+    assert reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain", "2048", "--retrain-seeds", "1",
+                                    "--retrain-from", str(cartpole_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"agents starting from the newest policy of {cartpole_run} on the final r̂ of")
+    assert lines[1] == f"seed 0: 2,048: {trained[0][1]:.0f}"
+    with pytest.raises(SystemExit):  # a start with nothing to train
+        reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain-from", str(cartpole_run)])
+    other = PreferenceRun(dataclasses.replace(run.cfg, env="Acrobot-v1", out=str(tmp_path / "acro")), progress=False)
+    with pytest.raises(ValueError, match="does not fit"):
+        reward_diagnostics.retrain(other, {}, 2048, seed=0, start_agent=state["agent"])
