@@ -77,11 +77,16 @@ def load(run: str) -> tuple[PreferenceRun, dict]:
     return pr, restored[0]
 
 
+def check_same_task(run: PreferenceRun, rm_run: PreferenceRun) -> None:
+    """Refuse a run whose policy cannot act in ``rm_run``'s task (another observation or action space)."""
+    if run.spec.obs_shape != rm_run.spec.obs_shape or run.spec.num_actions != rm_run.spec.num_actions:
+        raise ValueError(f"{run.cfg.out} ran another task than {rm_run.cfg.out}")
+
+
 def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, policy_state: dict, *, greedy: bool,
           steps: int, seed: int = 0) -> dict:
     """One row: the policy of ``policy_run`` acting in ``rm_run``'s task, scored by its r̂."""
-    if policy_run.spec.obs_shape != rm_run.spec.obs_shape or policy_run.spec.num_actions != rm_run.spec.num_actions:
-        raise ValueError(f"{policy_run.cfg.out} ran another task than {rm_run.cfg.out}")
+    check_same_task(policy_run, rm_run)
     agent, params, spec = policy_run.agent, policy_state["agent"].params, rm_run.spec
     policy = agent.policy
     if greedy:
@@ -207,7 +212,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1000, help="steps per environment (default 1000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--retrain", type=int, default=None, metavar="STEPS",
-                   help="train fresh agents for STEPS steps on --rm's final r̂, frozen (see above)")
+                   help="train agents for STEPS steps on --rm's reward: its final r̂, frozen, or a "
+                        "true-reward run's reward (see above)")
     p.add_argument("--retrain-seeds", type=int, default=3, metavar="N", help="fresh agents to train (default 3)")
     p.add_argument("--retrain-from", default=None, metavar="RUN",
                    help="start the --retrain agents from RUN's newest policy instead of fresh ones (see above)")
@@ -249,9 +255,7 @@ def main(argv=None) -> int:
             start = None
             if args.retrain_from is not None:
                 start_run, start_state = load(args.retrain_from)
-                if start_run.spec.obs_shape != rm_run.spec.obs_shape \
-                        or start_run.spec.num_actions != rm_run.spec.num_actions:
-                    raise ValueError(f"{args.retrain_from} ran another task than {args.rm}")
+                check_same_task(start_run, rm_run)
                 start = start_state["agent"]
             for i in range(args.retrain_seeds):
                 evals = retrain(rm_run, rm_state, args.retrain, seed=args.seed + i, start_agent=start)

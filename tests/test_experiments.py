@@ -361,7 +361,12 @@ def test_healthy_weight_recovers_how_r_hat_weighs_the_range(a, b, c, seed):
     assert healthy_weight(true, 2.0 * h - 1.0, h) is None  # a true reward that is the range alone
 
 
-def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run, capsys):
+def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run, tmp_path, capsys):
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
     from experiments import reward_diagnostics
 
     assert reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain", "2048", "--retrain-seeds", "2"]) == 0
@@ -372,27 +377,16 @@ def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run
         assert name == f"seed {seed}" and steps == "2,048" and 0 < float(ret) <= 500
     run, state = reward_diagnostics.load(str(cartpole_run))
     assert run.parts.learn and run.parts.steps_per_iter == 2048
-    (steps, ret), = reward_diagnostics.retrain(run, state, 2048, seed=0)  # the same agent as the CLI's seed 0
+    fresh = reward_diagnostics.retrain(run, state, 2048, seed=0)  # the same agent as the CLI's seed 0
+    (steps, ret), = fresh
     assert steps == 2048 and ret == pytest.approx(float(lines[1].split(": ")[2]), abs=0.5)
     assert reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain", "1000"]) == 2
     assert "at least one iteration: 2048 steps" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # nothing asked: neither runs to score, --retrain nor --labels
         reward_diagnostics.main(["--rm", str(cartpole_run)])
 
-
-def test_reward_diagnostics_retrain_from_another_policy_and_on_the_true_reward(cartpole_run, tmp_path, capsys):
-    """The swap behind the Swimmer diagnosis: agents start from a run's policy instead of fresh
-    ones, on the frozen r̂ or on the true reward of a true-reward run's config."""
-    import dataclasses
-
-    import jax
-    import jax.numpy as jnp
-
-    from experiments import reward_diagnostics
-
-    run, state = reward_diagnostics.load(str(cartpole_run))
-    fresh = reward_diagnostics.retrain(run, state, 2048, seed=0)
-    # starting from the agent a fresh start draws is the fresh start ...
+    # --retrain-from, the swap behind the Swimmer diagnosis: agents start from a run's policy.
+    # Starting from the agent a fresh start draws is the fresh start ...
     assert reward_diagnostics.retrain(run, state, 2048, seed=0,
                                       start_agent=run.parts.fresh(jax.random.PRNGKey(0)).agent) == fresh
     # ... and from the run's trained agent it is not (the CLI's seed 0 is the function's)
@@ -402,14 +396,13 @@ def test_reward_diagnostics_retrain_from_another_policy_and_on_the_true_reward(c
     assert lines[0].startswith(f"agents starting from the newest policy of {cartpole_run} on the final r̂ of")
     name, steps, ret = lines[1].split(": ")
     assert name == "seed 0" and steps == "2,048" and abs(float(ret) - fresh[0][1]) > 1
-    # the true reward (the run's config as RL's arm) needs no r̂ and trains another agent
-    true_run = PreferenceRun(dataclasses.replace(run.cfg, reward_source="true", out=str(tmp_path / "rl")),
-                             progress=False)
-    on_true = reward_diagnostics.retrain(true_run, {}, 2048, seed=0)
-    assert [s for s, _ in on_true] == [2048] and 0 < on_true[0][1] <= 500 and on_true != fresh
-
     with pytest.raises(SystemExit):  # a start with nothing to train
         reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain-from", str(cartpole_run)])
     wider = state["agent"].replace(params=jax.tree.map(lambda x: jnp.zeros(x.shape + (2,)), state["agent"].params))
     with pytest.raises(ValueError, match="does not fit"):  # another task's or agent's shapes
         reward_diagnostics.retrain(run, state, 2048, seed=0, start_agent=wider)
+    # --rm a true-reward run (here the run's config as RL's arm): no r̂ needed, another agent trained
+    true_run = PreferenceRun(dataclasses.replace(run.cfg, reward_source="true", out=str(tmp_path / "rl")),
+                             progress=False)
+    on_true = reward_diagnostics.retrain(true_run, {}, 2048, seed=0)
+    assert [s for s, _ in on_true] == [2048] and 0 < on_true[0][1] <= 500 and on_true != fresh
