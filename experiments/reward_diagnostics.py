@@ -222,12 +222,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be positive")
+    if args.retrain_from is not None and args.retrain is None:
+        p.error("--retrain-from needs --retrain STEPS")
     if not args.runs and args.retrain is None and not args.labels:
         p.error("give run directories to score, --retrain STEPS or --labels")
     if args.retrain is not None and (args.retrain < 1 or args.retrain_seeds < 1):
         p.error("--retrain and --retrain-seeds must be positive")
-    if args.retrain_from is not None and args.retrain is None:
-        p.error("--retrain-from needs --retrain STEPS")
     try:
         rm_run, rm_state = load(args.rm)
         if args.labels:

@@ -398,6 +398,7 @@ def test_reward_diagnostics_retrain_fresh_agents_on_a_frozen_reward(cartpole_run
     assert name == "seed 0" and steps == "2,048" and abs(float(ret) - fresh[0][1]) > 1
     with pytest.raises(SystemExit):  # a start with nothing to train
         reward_diagnostics.main(["--rm", str(cartpole_run), "--retrain-from", str(cartpole_run)])
+    assert "--retrain-from needs --retrain STEPS" in capsys.readouterr().err
     wider = state["agent"].replace(params=jax.tree.map(lambda x: jnp.zeros(x.shape + (2,)), state["agent"].params))
     with pytest.raises(ValueError, match="does not fit"):  # another task's or agent's shapes
         reward_diagnostics.retrain(run, state, 2048, seed=0, start_agent=wider)
