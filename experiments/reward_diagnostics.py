@@ -140,8 +140,7 @@ def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int, start_
             if rm_run.can_evaluate:
                 ret = float(rm_run.evaluate_policy(state.agent.params, k_eval))
             else:
-                valid = np.asarray(rollout.valid)
-                ret = float(np.asarray(rollout.true_reward)[valid].mean()) * parts.spec.horizon
+                ret = float(per_episode(rollout.true_reward, rollout.valid, parts.spec.horizon))
             evals.append((it * parts.steps_per_iter, ret))
     return evals
 
