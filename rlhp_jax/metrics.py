@@ -303,15 +303,22 @@ SWEEP_PANELS = (("eval_return", "evaluation return (unmodified task)"),
 def plot_sweep(groups: dict[str, dict[str, np.ndarray]], steps: np.ndarray, path: str | os.PathLike,
                title: str = "") -> Path:
     """Mean ± std over seeds per setting (``groups``: label -> {metric: [seeds, iterations]}),
-    each seed a thin line behind its band; one panel per metric of ``SWEEP_PANELS``."""
+    each seed a thin line behind its band; one panel per metric of ``SWEEP_PANELS`` that some
+    setting has values of."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(SWEEP_PANELS), figsize=(5 * len(SWEEP_PANELS), 4.2))
+    def has_data(key):
+        return any(np.isfinite(np.asarray(m[key], np.float64)).any() for m in groups.values())
+
+    # a panel only where some setting has a value (a sweep on the true reward has no r̂ to correlate)
+    panels = [p for p in SWEEP_PANELS if has_data(p[0])] or list(SWEEP_PANELS[:1])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
+    axes = list(axes[0])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, label) in zip(axes, SWEEP_PANELS):
+    for ax, (key, label) in zip(axes, panels):
         for i, (name, metrics) in enumerate(groups.items()):
             y = np.asarray(metrics[key], np.float64)  # [seeds, iterations]
             ok = np.isfinite(y).any(axis=0)

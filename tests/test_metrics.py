@@ -73,3 +73,20 @@ def test_a_true_reward_run_plots_without_an_empty_legend(tmp_path):
         warnings.simplefilter("error")
         path = plot_learning_curve(rows, tmp_path / "curve.png", title="baseline")
     assert path.stat().st_size > 0
+
+
+def test_a_true_reward_sweep_plots_no_empty_correlation_panel(tmp_path):
+    """A sweep on the true reward has no r̂: its figure leaves the corr(r̂, true) panel out
+    rather than drawing an empty one; with r̂ the panel is there."""
+    import matplotlib.image
+
+    from rlhp_jax.metrics import plot_sweep
+
+    steps = np.array([1000, 2000, 3000])
+    curves = dict(eval_return=np.ones((2, 3)), true_return=np.ones((2, 3)))
+    nan = np.full((2, 3), np.nan)
+    widths = []
+    for corr in (nan, np.zeros((2, 3))):
+        path = plot_sweep({"a": dict(curves, reward_correlation=corr)}, steps, tmp_path / f"{len(widths)}.png")
+        widths.append(matplotlib.image.imread(path).shape[1])
+    assert widths == [2 * 550, 3 * 550]  # 5 inches a panel at 110 dpi
