@@ -62,6 +62,9 @@ def parse(argv):
     p.add_argument("--coordinator", help="HOST:PORT of process 0, for a run over several hosts")
     p.add_argument("--num-processes", type=int)
     p.add_argument("--process-id", type=int)
+    p.add_argument("--pass-at", type=float, metavar="RETURN",
+                   help="also count the seeds whose final evaluation return is at least this (e.g. 475 on "
+                        "CartPole-v1: issue 17's bar), per setting, in summary.json and the printout")
     p.add_argument("--out", default=None, help="output directory (default runs/sweep/<env>)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar: the lanes run as one program instead of blocks of iterations called "
@@ -192,6 +195,8 @@ def run(argv=None) -> dict:
                                      final_eval_std=_std(final), best_eval_mean=_mean(best), best_eval_std=_std(best),
                                      final_true_return_mean=_mean(groups[name]["true_return"][:, -1]),
                                      final_reward_correlation_mean=_mean(groups[name]["reward_correlation"][:, -1])))
+            if args.pass_at is not None:
+                summary_rows[-1].update(pass_at=args.pass_at, seeds_passing=int(np.sum(final >= args.pass_at)))
         env_steps = np.asarray(metrics["env_steps"][0])
     summary = dict(env=base.env, agent=base.agent, seeds=list(seeds), env_steps=int(env_steps[-1]),
                    settings=summary_rows, timings=timings, backend=jax.default_backend(),
@@ -204,7 +209,8 @@ def run(argv=None) -> dict:
         for r in summary_rows:
             name = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "config"
             print(f"{name}: final eval {_pm(r['final_eval_mean'], r['final_eval_std'])} "
-                  f"(best {_pm(r['best_eval_mean'], r['best_eval_std'])}) over {r['seeds']} seeds")
+                  f"(best {_pm(r['best_eval_mean'], r['best_eval_std'])}) over {r['seeds']} seeds"
+                  + (f"; final >= {r['pass_at']:g} on {r['seeds_passing']} of {r['seeds']}" if "pass_at" in r else ""))
         for t in timings:
             print(f"{t['lanes']} lanes on {t['devices']} device(s): compile {t['compile_s']:.1f} s, "
                   f"run {t['run_s']:.1f} s, {t['lane_steps_per_s']:,.0f} lane·steps/s")

@@ -220,7 +220,7 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(CompiledRun, "compile_lanes", recording)
     summary = sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(out),
-                         "--no-progress"])
+                         "--no-progress", "--pass-at", "130"])
     # no bar, no host callback in the program: JAX would not keep it in the persistent cache
     assert callbacks == [None]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -231,6 +231,9 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch):
     # and seed 1's moved 249 -> 136 with the draws of clip starts (same distribution, another stream)
     assert min(best) >= 100, best
     assert summary["settings"][0]["seeds"] == 2 and rows[-1]["labels"] == 200
+    final = [[r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None][-1] for s in (0, 1)]
+    assert summary["settings"][0]["pass_at"] == 130
+    assert summary["settings"][0]["seeds_passing"] == sum(f >= 130 for f in final)
 
 
 def _fake_sweep(path, env, source, steps=(100, 200, 300)):
