@@ -191,3 +191,19 @@ def test_help_reads_every_field_comment(capsys):
         assert "--ensemble.num-members" in text and "an ensemble of 3 predictors" in text
         assert ("--replay.capacity" in text) == domain.offers_dqfd
     assert dataclasses.is_dataclass(IbarzConfig)
+
+
+def test_the_cartpole_agent_keeps_its_step_size_to_the_last_update():
+    """r̂ changes until a preference run's last iteration, so the README job's PPO does not anneal
+    its learning rate to zero (BUILD_NOTES: 40 of 128 seeds reach >= 475 against 21 annealed); both
+    arms run the same agent.  A task without a preset keeps the annealed default."""
+    from rlhp_jax.agents.ppo import PPO
+    from rlhp_jax.envs import make_env
+
+    spec = lambda task: make_env(task, 1).spec
+    for baseline in (False, True):
+        cfg = RunConfig.paper("CartPole-v1", baseline=baseline)
+        agent = PPO(spec("CartPole-v1"), cfg.agent_config, total_updates=30)
+        assert not callable(agent._lr) and agent._lr == cfg.agent_config.lr
+    acrobot = RunConfig.paper("Acrobot-v1").agent_config
+    assert callable(PPO(spec("Acrobot-v1"), acrobot, total_updates=30)._lr)
