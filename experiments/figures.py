@@ -50,6 +50,17 @@ def cell(finals: list[float]) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f} ({n} seed{'s' if n != 1 else ''})"
 
 
+def difference(larger: list[float], target: list[float]) -> str:
+    """``mean(larger) − mean(target)`` signed, with its standard error √(s₁²/n₁ + s₂²/n₂) (each
+    arm's sample std) when both arms have two seeds or more; to :func:`cell`'s precision."""
+    d = float(np.mean(larger)) - float(np.mean(target))
+    digits = 0 if abs(float(np.mean(target))) >= 100 else 1
+    if min(len(larger), len(target)) < 2:
+        return f"{d:+.{digits}f}"
+    se = float(np.sqrt(np.var(larger, ddof=1) / len(larger) + np.var(target, ddof=1) / len(target)))
+    return f"{d:+.{digits}f} ± {se:.{digits}f}"
+
+
 def _seeds_note(counts: list[int]) -> str:
     low, high = min(counts), max(counts)
     return f"({low} seed{'s' if high != 1 else ''})" if low == high else f"({low}–{high} seeds)"
@@ -145,7 +156,8 @@ class Figure:
                          else "FAIL" if aim and rl else "–")
             if compare_more:
                 larger = finals[more]
-                cells.append(("yes" if np.mean(larger) >= np.mean(aim) else "no") if larger and aim else "–")
+                cells.append(f"{'yes' if np.mean(larger) >= np.mean(aim) else 'no'} ({difference(larger, aim)})"
+                             if larger and aim else "–")
             lines.append(f"| {task} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -170,7 +182,12 @@ class Figure:
             "that have one, of each finished seed; then mean ± std over those seeds. "
             f"\"{self.target_labels} labels vs RL\" passes when {self.target_labels} labels reach "
             f"{TARGET_FRACTION:.0%} of RL's mean (when RL's mean is ≤ 0: at most {1 - TARGET_FRACTION:.0%} of |RL| "
-            "below it); – where an arm has no finished seed. The curves smooth each seed over "
+            "below it); – where an arm has no finished seed. "
+            + (f"\"{self.more_labels} ≥ {self.target_labels}\" compares the two budgets' means; in brackets their "
+               "difference ± its standard error (√(s₁²/n₁ + s₂²/n₂), each arm's sample std): a difference within "
+               "about twice its standard error is what the seeds' spread alone gives. "
+               if f"| {self.more_labels} ≥ {self.target_labels} |" in table else "")
+            + "The curves smooth each seed over "
             f"{self.smooth} consecutive iterations.", "",
             f"Reproduce: `{command}` ({datetime.date.today().isoformat()}{steps}).", "",
             f"Remaining differences from {self.differences_from}:", "",

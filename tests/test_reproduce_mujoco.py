@@ -324,10 +324,24 @@ def test_table_counts_finished_seeds_only_and_checks_the_targets(tmp_path):
     table = rm.results_table(root, ["Hopper", "Swimmer", "Ant"], [700, 1400], [0, 1, 2], lambda _: STEPS)
     lines = table.splitlines()
     assert lines[0] == "| task | 700 labels | 1400 labels | RL on the true reward | 700 labels vs RL | 1400 ≥ 700 |"
-    assert lines[2] == "| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS | no |"
+    # the difference of the means with its standard error: √(50/2 + 0/2) = 5 (sample variances)
+    assert lines[2] == "| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS | no (-10 ± 5) |"
     assert lines[3] == "| Swimmer | 50.0 ± 0.0 (2 seeds) | – | 100 ± 0 (1 seed) | FAIL | – |"
     assert lines[4] == "| Ant | – | – | – | – | – |"
     assert "1400" not in rm.results_table(root, ["Hopper"], [700], [0, 1], lambda _: STEPS).splitlines()[0]
+    # how to read the brackets is said under a table that has them, and only there
+    legend = "difference ± its standard error"
+    assert legend in rm.section_markdown(table, "cmd", lambda _: STEPS, ["Hopper"], "fig.png")
+    plain = rm.results_table(root, ["Hopper"], [700], [0, 1], lambda _: STEPS)
+    assert legend not in rm.section_markdown(plain, "cmd", lambda _: STEPS, ["Hopper"], "fig.png")
+
+
+def test_the_budgets_difference_carries_its_standard_error():
+    from experiments.figures import difference
+
+    assert difference([110.0, 130.0], [100.0, 100.0]) == "+20 ± 10"  # √(200/2 + 0/2), sample variances
+    assert difference([1.0, 2.0, 3.0], [2.5, 3.5]) == "-1.0 ± 0.8"  # √(1/3 + 0.5/2) = 0.76, to 1 decimal
+    assert difference([3.0], [1.0, 2.0]) == "+1.5"  # one seed has no spread to speak of
 
 
 def test_grid_writes_figures_and_the_results_section(grid):
