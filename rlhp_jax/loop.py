@@ -357,7 +357,10 @@ class RunParts:
     def progress_metrics(self, it, state: TrainState, rollout: Rollout, rewards, agent_m, episodes, total) -> dict:
         """The columns every iteration's metrics row has, as arrays (both loops log these):
         counts, the true and predicted return per episode length, the task's own episode scores
-        (NaN when none finished), terminations and the policy's entropy."""
+        (NaN when none finished), terminations, the policy's entropy, and the rest of the agent's
+        own update metrics as ``agent_*`` (e.g. TRPO's ``agent_kl``, ``agent_step_accepted`` and
+        ``agent_explained_var``, PPO's ``agent_approx_kl`` and ``agent_clip_frac``), averaged
+        over the iteration's updates."""
         nan = jnp.asarray(jnp.nan, jnp.float32)
         horizon = self.spec.horizon
         return dict(
@@ -370,6 +373,7 @@ class RunParts:
             episode_return=jnp.where(episodes > 0, total / jnp.maximum(episodes, 1), nan),
             terminations=jnp.sum(rollout.terminated.astype(jnp.int32)),
             policy_entropy=jnp.asarray(agent_m.get("entropy", nan), jnp.float32),
+            **{f"agent_{k}": jnp.asarray(v, jnp.float32) for k, v in agent_m.items() if k != "entropy"},
         )
 
     # ------------------------------------------------------------------ acting

@@ -31,6 +31,10 @@ def test_entry_point_writes_metrics_plot_and_summary(cartpole_run):
     assert len(rows) == 12288 // preset("CartPole-v1").batch_size
     for key in ("env_steps", "true_return", "predicted_return", "labels", "val_accuracy", "steps_per_s"):
         assert key in rows[-1], key
+    # PPO's own update metrics ride along on every row, so a stalled agent shows in the metrics
+    for key in ("agent_approx_kl", "agent_clip_frac", "agent_value_loss", "agent_policy_loss"):
+        assert all(np.isfinite(r[key]) for r in rows), key
+    assert all(0 <= r["agent_clip_frac"] <= 1 for r in rows)
     # CartPole penalizes a fall: the first row and every validated one (with the evaluations) say how
     # often the agent fell and what r̂ made of it; the rows between carry no fall columns
     with_falls = [r for r in rows if "fall_out_of_range" in r]
