@@ -41,12 +41,17 @@ def meets_target(learned_mean: float, rl_mean: float) -> bool:
     return learned_mean >= rl_mean - (1 - TARGET_FRACTION) * abs(rl_mean)
 
 
+def _digits(mean: float) -> int:
+    """Decimals a return of this size is shown with: none from 100 up, one below."""
+    return 0 if abs(mean) >= 100 else 1
+
+
 def cell(finals: list[float]) -> str:
     """``mean ± std (n seeds)``, both to the precision the mean's size calls for; – without seeds."""
     if not finals:
         return "–"
     mean, std, n = float(np.mean(finals)), float(np.std(finals)), len(finals)
-    digits = 0 if abs(mean) >= 100 else 1
+    digits = _digits(mean)
     return f"{mean:.{digits}f} ± {std:.{digits}f} ({n} seed{'s' if n != 1 else ''})"
 
 
@@ -54,7 +59,7 @@ def difference(larger: list[float], target: list[float]) -> str:
     """``mean(larger) − mean(target)`` signed, with its standard error √(s₁²/n₁ + s₂²/n₂) (each
     arm's sample std) when both arms have two seeds or more; to :func:`cell`'s precision."""
     d = float(np.mean(larger)) - float(np.mean(target))
-    digits = 0 if abs(float(np.mean(target))) >= 100 else 1
+    digits = _digits(float(np.mean(target)))
     if min(len(larger), len(target)) < 2:
         return f"{d:+.{digits}f}"
     se = float(np.sqrt(np.var(larger, ddof=1) / len(larger) + np.var(target, ddof=1) / len(target)))
@@ -140,13 +145,18 @@ class Figure:
                     finals.append(value)
         return finals
 
+    @property
+    def more_heading(self) -> str:
+        """The table's column (and its legend's name) for the larger budget against the target one."""
+        return f"{self.more_labels} ≥ {self.target_labels}"
+
     def results_table(self, root: Path, tasks, label_budgets, seeds, steps_for: Callable[[str], int]) -> str:
         """The Markdown table: per task, each arm's final return over finished seeds, the target
         check and, when both were run, whether the larger budget at least matches the target one."""
         target, more = self.target_labels, self.more_labels
         compare_more = target in label_budgets and more in label_budgets
         head = [f"{n} labels" for n in label_budgets] + ["RL on the true reward", f"{target} labels vs RL"]
-        head += [f"{more} ≥ {target}"] if compare_more else []
+        head += [self.more_heading] if compare_more else []
         lines = ["| task | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
         for task in tasks:
             finals = {n: self.finished_finals(root, task, n, seeds, steps_for(task)) for n in [*label_budgets, None]}
@@ -183,10 +193,10 @@ class Figure:
             f"\"{self.target_labels} labels vs RL\" passes when {self.target_labels} labels reach "
             f"{TARGET_FRACTION:.0%} of RL's mean (when RL's mean is ≤ 0: at most {1 - TARGET_FRACTION:.0%} of |RL| "
             "below it); – where an arm has no finished seed. "
-            + (f"\"{self.more_labels} ≥ {self.target_labels}\" compares the two budgets' means; in brackets their "
+            + (f"\"{self.more_heading}\" compares the two budgets' means; in brackets their "
                "difference ± its standard error (√(s₁²/n₁ + s₂²/n₂), each arm's sample std): a difference within "
                "about twice its standard error is what the seeds' spread alone gives. "
-               if f"| {self.more_labels} ≥ {self.target_labels} |" in table else "")
+               if f"| {self.more_heading} |" in table else "")
             + "The curves smooth each seed over "
             f"{self.smooth} consecutive iterations.", "",
             f"Reproduce: `{command}` ({datetime.date.today().isoformat()}{steps}).", "",
