@@ -466,6 +466,11 @@ class Figure:
         if args.dry_run:
             print(describe_plan(states, root), flush=True)
             return 0
+        if args.plot_only and all(state == "start" for state in states.values()):
+            # a mistyped --root or --steps would otherwise overwrite results.md's table with dashes
+            print(f"error: no run of this grid under {root} (check --root, --steps and the seeds): nothing to "
+                  "draw, and results.md is left as it is", file=sys.stderr)
+            return 2
         failed = []
         if not args.plot_only:
             print(describe_plan(states, root), flush=True)

@@ -374,6 +374,17 @@ def test_plot_only_runs_nothing_and_redraws_from_what_exists(grid):
     assert "| Swimmer | 5.0 ± 0.0 (1 seed) | – | – |" in Path(argv[argv.index("--results-md") + 1]).read_text()
 
 
+def test_plot_only_over_a_root_without_runs_refuses_and_keeps_the_results(grid, capsys):
+    root, argv, fake = grid
+    results_md = Path(argv[argv.index("--results-md") + 1])
+    results_md.parent.mkdir(parents=True)
+    results_md.write_text("# Results\n\nthe table of an earlier grid\n")
+    assert rm.main(argv + ["--tasks", "Swimmer", "--seeds", "2", "--plot-only"]) == 2
+    assert "no run of this grid under" in capsys.readouterr().err
+    assert results_md.read_text() == "# Results\n\nthe table of an earlier grid\n" and fake.calls == []
+    assert not Path(argv[argv.index("--docs") + 1]).exists()
+
+
 def test_seed_curves_smooth_over_five_points_and_cut_to_the_common_prefix(tmp_path):
     write_run(tmp_path, "Hopper", 700, 0, returns=[0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0])
     write_run(tmp_path, "Hopper", 700, 1, returns=[5.0] * 6, finished=False)
