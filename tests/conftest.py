@@ -18,6 +18,18 @@ import signal
 import tempfile
 from pathlib import Path
 
+# XLA:CPU options that cut compile time about in half for the MLP and by ~3x for the CNN
+# (measured on the 2-core CI box) with no measurable loss of speed on these small programs.
+# Compilation dominates the suite's run time.  (Level 0 compiles a little faster still but
+# runs several times slower.)  Set in XLA_FLAGS before JAX starts, so that every program of the
+# suite gets them: the workers' own, the entry points a test runs in-process, and every child
+# process a test starts (they inherit the environment).  A user's own XLA_FLAGS come first and
+# are kept.  (test_experiments.py alone: 85.6 s -> 75.4 s, 2026-11-26.)
+FAST_COMPILE = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
+_flags = os.environ.get("XLA_FLAGS", "").split()  # a pytest-xdist worker inherits its controller's
+os.environ["XLA_FLAGS"] = " ".join([*_flags, *(flag for flag in (f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
+                                               if flag not in _flags)])
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -106,13 +118,6 @@ def random_pairs(seed, num_pairs, length=SEGMENT_LENGTH):
 def oracle_mu(pairs):
     ret = np.asarray(pairs.true_reward).sum(-1)
     return np.where(ret[:, 0] > ret[:, 1], 1.0, np.where(ret[:, 0] < ret[:, 1], 0.0, 0.5)).astype(np.float32)
-
-
-# XLA:CPU options that cut compile time about in half for the MLP and by ~3x for the CNN
-# (measured on the 2-core CI box) with no measurable loss of speed on these small programs.
-# Compilation dominates the suite's run time.  (Level 0 compiles a little faster still but
-# runs several times slower.)
-FAST_COMPILE = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
 
 
 def fast_jit(fn, **kwargs):
