@@ -43,7 +43,8 @@ shuffled among those steps.  A reward model fitted to few decisive labels can ex
 action, which the agent controls directly.  On a task with a healthy range (Hopper, Walker2d, Ant,
 the pendulums) it also says what share of the labeled steps are in range and how r̂ weighs being
 there against the true reward (``healthy_weight``): a reward model that pays too little for
-staying upright lets the agent trade the range for speed.
+staying upright lets the agent trade the range for speed.  For vector observations it reads
+out, per feature, what r̂ pays against what the true reward pays (``feature_weights``).
 """
 
 from __future__ import annotations
@@ -166,6 +167,27 @@ def healthy_weight(r_hat, true, healthy) -> dict | None:
     return dict(share=float(h.mean()), slope=float(a), extra=float(b / a) if a != 0 else float("nan"))
 
 
+def feature_weights(features, r_hat, true) -> dict | None:
+    """What r̂ and the true reward pay for each observation feature, over the same steps.
+
+    Least squares of each on the features standardized over those steps (``features`` [S, D],
+    ``r_hat`` and ``true`` [S]), r̂'s coefficients divided by r̂'s slope on the true reward, so both
+    are in true-reward units per standard deviation of the feature: where r̂ follows the true
+    reward the two rows agree; a feature r̂ pays for and the true reward does not is a term the
+    labels left free (Swimmer's angular velocities: BUILD_NOTES).  A linear read-out of two
+    nonlinear functions, for comparison only.  None for a constant true reward or r̂ flat in it."""
+    x, r_hat, true = np.asarray(features, np.float64), np.asarray(r_hat, np.float64).ravel(), \
+        np.asarray(true, np.float64).ravel()
+    if true.std() == 0:
+        return None
+    slope = np.polyfit(true, r_hat, 1)[0]
+    if abs(slope) < 1e-12:
+        return None
+    design = np.c_[(x - x.mean(0)) / np.where(x.std(0) > 0, x.std(0), 1.0), np.ones(len(x))]
+    fit = lambda y: np.linalg.lstsq(design, y, rcond=None)[0][:-1]
+    return dict(r_hat=(fit(r_hat) / slope).tolist(), true=fit(true).tolist(), slope=float(slope))
+
+
 def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
     """What a run's labels hold and how its newest r̂ reads the labeled clips (see ``--labels``)."""
     if not rm_run.parts.learn:
@@ -197,7 +219,9 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
         nxt = np.asarray(buffer.obs)[filled][:, :, 1:]
         h = np.asarray(healthy(rm_run.cfg.env, nxt.reshape(-1, nxt.shape[-1])))
         in_range = healthy_weight(r[:, :, :-1], true[:, :, :-1], h)
-    return dict(labels=n, initial=initial, ties=int(tie.sum()),
+    obs = np.asarray(buffer.obs)[filled]  # [n, 2, T, *obs_shape]
+    weights = feature_weights(obs.reshape(-1, obs.shape[-1]), r, true) if obs.ndim == 4 else None  # vector observations
+    return dict(labels=n, initial=initial, ties=int(tie.sum()), weights=weights,
                 initial_ties=None if initial is None else int(tie[:initial].sum()),
                 still_ties=int((tie & still).sum()), corr=corr(r), corr_shuffled=corr(r_shuffled),
                 r_std=float(r.std()), action_std=float((r - r_shuffled).std()), healthy=in_range)
@@ -244,6 +268,11 @@ def main(argv=None) -> int:
                   f"r̂ on the labeled clips' steps: corr with the true reward {rep['corr']:.2f}, "
                   f"{rep['corr_shuffled']:.2f} with the actions shuffled among the steps; std {rep['r_std']:.2f}, "
                   f"of the change the shuffle makes {rep['action_std']:.2f}", flush=True)
+            if rep["weights"] is not None:
+                w = rep["weights"]
+                print("  r̂ per observation feature (per std, in true-reward units), against the true reward: "
+                      + ", ".join(f"[{i}] {a:+.3f} ({b:+.3f})" for i, (a, b) in enumerate(zip(w["r_hat"], w["true"]))),
+                      flush=True)
             if rep["healthy"] is not None:
                 h = rep["healthy"]
                 print(f"  in the healthy range: {100 * h['share']:.1f} % of the labeled steps; r̂ ≈ "

@@ -341,6 +341,26 @@ def test_reward_diagnostics_labels_counts_ties_and_the_actions_share(cartpole_ru
     assert rep["healthy"] is None  # CartPole resets at a fall: no run-on healthy range to weigh
     assert f"labels of {cartpole_run}: {rep['labels']} ({rep['initial']} initial" in out
     assert f"decisive: {rep['labels'] - rep['ties']}" in out
+    assert len(rep["weights"]["r_hat"]) == len(rep["weights"]["true"]) == 4  # CartPole's four features
+    assert "r̂ per observation feature" in out and f"[3] {rep['weights']['r_hat'][3]:+.3f}" in out
+
+
+def test_feature_weights_read_what_each_reward_pays_per_feature():
+    """r̂ = 3 × true + 0.5 × x2, x2 orthogonal to the true reward: in true-reward units (÷ 3) r̂ pays
+    x0 and x1 what the true reward pays, per std of each, and x2 a sixth of its std."""
+    from experiments.reward_diagnostics import feature_weights
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4000, 3)) * np.array([1.0, 2.0, 0.5])
+    x -= x.mean(0)
+    x[:, 2] -= x[:, :2] @ np.linalg.lstsq(x[:, :2], x[:, 2], rcond=None)[0]  # x2 ⟂ x0, x1
+    true = 2 * x[:, 0] - x[:, 1]
+    w = feature_weights(x, 3 * true + 0.5 * x[:, 2] + 7.0, true)
+    sd = x.std(0)
+    np.testing.assert_allclose(w["true"], [2 * sd[0], -sd[1], 0.0], atol=1e-9)
+    np.testing.assert_allclose(w["r_hat"], [2 * sd[0], -sd[1], 0.5 * sd[2] / 3], atol=1e-9)
+    assert w["slope"] == pytest.approx(3.0)
+    assert feature_weights(x, 3 * true, np.ones(len(x))) is None  # a constant true reward: nothing to compare
 
 
 @settings(max_examples=30, deadline=None)
