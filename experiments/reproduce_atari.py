@@ -63,8 +63,8 @@ FIG3 = Figure(
     metric="episode_return", metric_text="game score",
     y_label="game score per episode\n(mean of 10 consecutive iterations)", default_seeds=DEFAULT_SEEDS, smooth=10,
     warmup_flags=("--pretrain-epochs", "0", "--no-distinct-initial-clips"),
-    startup_note="each learning run also starts with a 250,000-step rollout and 200 pretraining epochs, "
-                 "not in this estimate")
+    startup_note="each learning run also starts with the untrained policy's rollout for the first labels and "
+                 "the predictor's pretraining, not in this estimate; with A.2's settings 250,000 steps and 200 epochs")
 
 
 def main(argv=None) -> int:
