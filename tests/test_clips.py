@@ -92,6 +92,17 @@ def test_encode_replaces_atomically_and_leaves_no_temporary_files(tmp_path):
     assert video.probe_mp4(path)["frames"] == 3
 
 
+def test_ffmpeg_starts_without_python_in_the_forked_child():
+    """imageio-ffmpeg's writer would run ``os.setpgrp`` between fork and exec, which can deadlock
+    a process whose other threads hold locks (JAX's, the label server's): a clip thread then
+    waits forever.  Importing the video module turns that off, for the writer and the probes."""
+    from imageio_ffmpeg._utils import _popen_kwargs
+
+    assert os.environ["IMAGEIO_FFMPEG_NO_PREVENT_SIGINT"] == "1"
+    assert _popen_kwargs(prevent_sigint=True)["preexec_fn"] is None
+    assert _popen_kwargs()["preexec_fn"] is None
+
+
 @pytest.mark.parametrize("frames, fps, scale, match", [
     (np.zeros((0, 8, 8, 3), np.uint8), 10, 1, "empty clip"),
     (np.zeros((2, 8, 8, 3), np.float32), 10, 1, "uint8"),

@@ -23,10 +23,21 @@ from typing import Any
 
 import numpy as np
 
+# imageio-ffmpeg starts its ffmpeg writer with ``preexec_fn=os.setpgrp`` (to keep a terminal's Ctrl-C
+# from it): Python code in the forked child, which deadlocks when another thread held a lock at the
+# fork.  Seen on 2026-11-26: a clip thread of the human teacher waited forever in
+# ``Popen._execute_child`` on a child that never exec'd ffmpeg (one thread, on a futex), the trainer
+# joined that thread, and the browser-taught test hung.  imageio-ffmpeg's own switch drops the
+# preexec_fn; ffmpeg then shares our process group, so a terminal's Ctrl-C stops an encode in
+# progress as well (its temporary file is removed, never renamed into place).
+os.environ["IMAGEIO_FFMPEG_NO_PREVENT_SIGINT"] = "1"
+
+
 @contextlib.contextmanager
 def _exec_only_fork():
     """Silence Python's 'os.fork() with threads' warning for subprocesses that exec ffmpeg at
-    once (the child runs no Python code, so JAX's threads cannot deadlock it)."""
+    once (the child runs no Python code, so JAX's threads cannot deadlock it: see
+    ``IMAGEIO_FFMPEG_NO_PREVENT_SIGINT`` above)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
         yield
