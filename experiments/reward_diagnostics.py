@@ -213,13 +213,13 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
     def corr(x):
         return float(np.corrcoef(x.ravel(), true.ravel())[0, 1]) if x.std() > 0 and true.std() > 0 else float("nan")
 
+    obs = np.asarray(buffer.obs)[filled]  # [n, 2, T, *obs_shape]
     in_range = None  # run-on MuJoCo tasks with a healthy range (A.1's penalty in place of termination)
     if parts.has_falls and rm_run.cfg.env in tasks.names("mujoco"):
         # a step's penalty follows from the observation it leads to: the clip's next one (its last step has none)
-        nxt = np.asarray(buffer.obs)[filled][:, :, 1:]
+        nxt = obs[:, :, 1:]
         h = np.asarray(healthy(rm_run.cfg.env, nxt.reshape(-1, nxt.shape[-1])))
         in_range = healthy_weight(r[:, :, :-1], true[:, :, :-1], h)
-    obs = np.asarray(buffer.obs)[filled]  # [n, 2, T, *obs_shape]
     weights = feature_weights(obs.reshape(-1, obs.shape[-1]), r, true) if obs.ndim == 4 else None  # vector observations
     return dict(labels=n, initial=initial, ties=int(tie.sum()), weights=weights,
                 initial_ties=None if initial is None else int(tie[:initial].sum()),
