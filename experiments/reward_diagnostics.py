@@ -9,9 +9,11 @@ For each run and each way of acting (``sampled``: the stochastic policy the agen
 prints one row: the true return per episode, r̂ per step, the per-step correlation and least-squares
 slope of r̂ on the true reward, and how much of r̂'s variance comes from the action noise (r̂ on the
 sampled actions against r̂ on the mean actions, both clipped to the action bounds as the
-environment receives them).  If r̂ ranks policies as the true reward does but by a much smaller
-margin than ``slope × true difference``, r̂ carries an offset that depends on the states a policy
-visits.  Christiano runs only (their newest checkpoint); the task is the reward model's run's.
+environment receives them), and the members' spread: the per-step standard deviation of the
+members' normalized rewards, averaged over the steps.  If r̂ ranks policies as the true reward does
+but by a much smaller margin than ``slope × true difference``, r̂ carries an offset that depends on
+the states a policy visits; a spread well above the run's own policy's says r̂ is extrapolating
+there (Swimmer's faster gait: BUILD_NOTES).  Christiano runs only (their newest checkpoint); the task is the reward model's run's.
 
     python -m experiments.reward_diagnostics --rm RUN --retrain 120000 --retrain-seeds 3
 
@@ -100,9 +102,11 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     r_hat = lambda a: np.asarray(rm_run.ensemble.predict_reward(rm_state["ensemble"], o, clip_action(spec, a)))[valid]
     r = r_hat(sampled)
     true = np.asarray(ro.true_reward).reshape(-1)[valid]
+    members = np.asarray(rm_run.ensemble.normalized_member_rewards(rm_state["ensemble"], o, clip_action(spec, sampled)))
     row = dict(true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)), r_hat=float(r.mean()),
                corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
-               slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0)
+               slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0,
+               spread=float(members[:, valid].std(axis=0).mean()) if members.shape[0] > 1 else float("nan"))
     if not spec.discrete and not greedy:
         r_mean = r_hat(agent.act_deterministic(params, o))
         row["action_share"] = float(np.var(r - r_mean) / max(np.var(r), 1e-12))
@@ -298,13 +302,15 @@ def main(argv=None) -> int:
             if not args.runs:
                 return 0
         print(f"r̂ of {args.rm}")
-        print(f"{'run':44s} {'acting':8s} {'true return':>12s} {'r̂/step':>8s} {'corr':>6s} {'slope':>6s} {'action share':>12s}")
+        print(f"{'run':44s} {'acting':8s} {'true return':>12s} {'r̂/step':>8s} {'corr':>6s} {'slope':>6s} {'action share':>12s}"
+              f" {'spread':>6s}")
         for run in args.runs:
             policy_run, policy_state = load(run)
             for greedy in (False, True):
                 row = score(rm_run, rm_state, policy_run, policy_state, greedy=greedy, steps=args.steps, seed=args.seed)
                 print(f"{run[-44:]:44s} {'greedy' if greedy else 'sampled':8s} {row['true_return']:12.1f} "
-                      f"{row['r_hat']:8.3f} {row['corr']:6.3f} {row['slope']:6.2f} {row['action_share']:12.3f}")
+                      f"{row['r_hat']:8.3f} {row['corr']:6.3f} {row['slope']:6.2f} {row['action_share']:12.3f}"
+                      f" {row['spread']:6.3f}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

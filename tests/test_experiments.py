@@ -318,7 +318,19 @@ def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpol
         true_return, r_hat, corr = float(r[2]), float(r[3]), float(r[4])
         assert np.isfinite(true_return) and true_return <= 500 and np.isfinite(r_hat)
         assert np.isnan(corr) or -1 <= corr <= 1  # nan: a policy that never falls earns a constant true reward
+        assert float(r[7]) > 0  # three members fitted on their own resamples disagree somewhere
     assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run / "missing")]) == 2
+    # the spread is the members' disagreement: members made one (member 0 everywhere) have none
+    import jax
+    import jax.numpy as jnp
+
+    run, state = reward_diagnostics.load(str(cartpole_run))
+    ens = state["ensemble"]
+    first = lambda x: jnp.broadcast_to(x[:1], x.shape)
+    same = ens.replace(params=jax.tree.map(first, ens.params), norm_mean=first(ens.norm_mean), norm_std=first(ens.norm_std))
+    row = reward_diagnostics.score(run, {**state, "ensemble": same}, run, state, greedy=False, steps=60)
+    assert row["spread"] == pytest.approx(0.0, abs=1e-6)
+    assert reward_diagnostics.score(run, state, run, state, greedy=False, steps=60)["spread"] > 0
 
 
 def test_reward_diagnostics_labels_counts_ties_and_the_actions_share(cartpole_run, capsys):
