@@ -13,7 +13,8 @@ environment receives them), and the members' spread: the per-step standard devia
 members' normalized rewards, averaged over the steps.  If r̂ ranks policies as the true reward does
 but by a much smaller margin than ``slope × true difference``, r̂ carries an offset that depends on
 the states a policy visits; a spread well above the run's own policy's says r̂ is extrapolating
-there (Swimmer's faster gait: BUILD_NOTES).  Christiano runs only (their newest checkpoint); the task is the reward model's run's.
+there (Swimmer's faster gait: BUILD_NOTES).  Christiano runs only (their newest checkpoint); the
+task is the reward model's run's.
 
     python -m experiments.reward_diagnostics --rm RUN --retrain 120000 --retrain-seeds 3
 
@@ -99,16 +100,18 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     valid = np.asarray(ro.valid).reshape(-1)
     o = ro.obs.reshape(-1, *ro.obs.shape[2:])
     sampled = ro.action.reshape(-1, *ro.action.shape[2:])
-    r_hat = lambda a: np.asarray(rm_run.ensemble.predict_reward(rm_state["ensemble"], o, clip_action(spec, a)))[valid]
-    r = r_hat(sampled)
+    # each member's normalized reward [M, steps]; r̂ is their mean (``RewardEnsemble.predict_reward``)
+    members = lambda a: np.asarray(rm_run.ensemble.normalized_member_rewards(
+        rm_state["ensemble"], o, clip_action(spec, a)))[:, valid]
+    m = members(sampled)
+    r = m.mean(axis=0)
     true = np.asarray(ro.true_reward).reshape(-1)[valid]
-    members = np.asarray(rm_run.ensemble.normalized_member_rewards(rm_state["ensemble"], o, clip_action(spec, sampled)))
     row = dict(true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)), r_hat=float(r.mean()),
                corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
                slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0,
-               spread=float(members[:, valid].std(axis=0).mean()) if members.shape[0] > 1 else float("nan"))
+               spread=float(m.std(axis=0).mean()) if m.shape[0] > 1 else float("nan"))
     if not spec.discrete and not greedy:
-        r_mean = r_hat(agent.act_deterministic(params, o))
+        r_mean = members(agent.act_deterministic(params, o)).mean(axis=0)
         row["action_share"] = float(np.var(r - r_mean) / max(np.var(r), 1e-12))
     return row
 
