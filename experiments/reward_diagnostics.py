@@ -87,9 +87,17 @@ def check_same_task(run: PreferenceRun, rm_run: PreferenceRun) -> None:
         raise ValueError(f"{run.cfg.out} ran another task than {rm_run.cfg.out}")
 
 
+def require_r_hat(rm_run: PreferenceRun) -> None:
+    """Refuse a run on the true reward where its r̂ is asked for: its ensemble was never fitted."""
+    if not rm_run.parts.learn:
+        raise ValueError(f"{rm_run.cfg.out} trained on the true reward: it has no r̂ to score policies with "
+                         f"(--retrain trains agents on its true reward)")
+
+
 def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, policy_state: dict, *, greedy: bool,
           steps: int, seed: int = 0) -> dict:
     """One row: the policy of ``policy_run`` acting in ``rm_run``'s task, scored by its r̂."""
+    require_r_hat(rm_run)
     check_same_task(policy_run, rm_run)
     agent, params, spec = policy_run.agent, policy_state["agent"].params, rm_run.spec
     policy = agent.policy
@@ -304,6 +312,7 @@ def main(argv=None) -> int:
                 print(f"seed {args.seed + i}: " + ", ".join(f"{s:,}: {r:.0f}" for s, r in evals), flush=True)
             if not args.runs:
                 return 0
+        require_r_hat(rm_run)
         print(f"r̂ of {args.rm}")
         print(f"{'run':44s} {'acting':8s} {'true return':>12s} {'r̂/step':>8s} {'corr':>6s} {'slope':>6s} {'action share':>12s}"
               f" {'spread':>6s}")

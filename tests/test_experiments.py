@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -320,6 +321,9 @@ def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpol
         assert np.isnan(corr) or -1 <= corr <= 1  # nan: a policy that never falls earns a constant true reward
         assert float(r[7]) > 0  # three members fitted on their own resamples disagree somewhere
     assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run / "missing")]) == 2
+    baseline = SimpleNamespace(parts=SimpleNamespace(learn=False), cfg=SimpleNamespace(out="runs/baseline"))
+    with pytest.raises(ValueError, match="trained on the true reward: it has no r̂"):
+        reward_diagnostics.score(baseline, {}, baseline, {}, greedy=False, steps=60)
     # the spread is the members' disagreement: members made one (member 0 everywhere) have none
     import jax
     import jax.numpy as jnp
