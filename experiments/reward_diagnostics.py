@@ -35,6 +35,15 @@ true-reward run's policy trained on the frozen r̂ keeps its gait or loses it.  
 comes along: on the other reward its scale is wrong for the first iterations.  RUN must be of
 the same task and agent as ``--rm``.
 
+    python -m experiments.reward_diagnostics --rm RUN --attribute RUN_A RUN_B
+
+``--attribute`` asks *why* r̂ pays two policies differently: both act, then r̂ is taken on A's
+steps with one input at a time (an observation feature, or the action) given B's values of it,
+and the change of r̂ per step is printed beside each feature's mean and std under both policies
+(vector observations).  A large change on an input the true reward ignores is r̂ extrapolating:
+on Swimmer, an r̂ fitted to an untrained policy's clips pays a slow gait for holding its first
+action at the bound and for its joints' swing (BUILD_NOTES).
+
     python -m experiments.reward_diagnostics --rm RUN --labels
 
 ``--labels`` asks what the run's labels could teach: how many of them (the initial ones, from the
@@ -94,10 +103,11 @@ def require_r_hat(rm_run: PreferenceRun) -> None:
                          f"(--retrain trains agents on its true reward)")
 
 
-def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, policy_state: dict, *, greedy: bool,
-          steps: int, seed: int = 0) -> dict:
-    """One row: the policy of ``policy_run`` acting in ``rm_run``'s task, scored by its r̂."""
-    require_r_hat(rm_run)
+def policy_steps(rm_run: PreferenceRun, policy_run: PreferenceRun, policy_state: dict, *, greedy: bool, steps: int,
+                 seed: int = 0) -> dict:
+    """The valid steps of ``steps`` steps per environment of ``policy_run``'s newest policy acting in
+    ``rm_run``'s task: observations, actions (as sampled, and clipped to the bounds as the task
+    receives them), the true reward, the true return per episode, and the policy's mean actions."""
     check_same_task(policy_run, rm_run)
     agent, params, spec = policy_run.agent, policy_state["agent"].params, rm_run.spec
     policy = agent.policy
@@ -106,22 +116,62 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     env_state, obs = rm_run.env.reset(jax.random.PRNGKey(seed))
     _, _, ro = collect_rollout(rm_run.env, policy, params, env_state, obs, jax.random.PRNGKey(seed + 1), steps)
     valid = np.asarray(ro.valid).reshape(-1)
-    o = ro.obs.reshape(-1, *ro.obs.shape[2:])
-    sampled = ro.action.reshape(-1, *ro.action.shape[2:])
-    # each member's normalized reward [M, steps]; r̂ is their mean (``RewardEnsemble.predict_reward``)
-    members = lambda a: np.asarray(rm_run.ensemble.normalized_member_rewards(
-        rm_state["ensemble"], o, clip_action(spec, a)))[:, valid]
-    m = members(sampled)
-    r = m.mean(axis=0)
-    true = np.asarray(ro.true_reward).reshape(-1)[valid]
-    row = dict(true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)), r_hat=float(r.mean()),
+    o = ro.obs.reshape(-1, *ro.obs.shape[2:])[valid]
+    sampled = ro.action.reshape(-1, *ro.action.shape[2:])[valid]
+    return dict(obs=o, action=clip_action(spec, sampled), true=np.asarray(ro.true_reward).reshape(-1)[valid],
+                true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)),
+                mean_action=None if spec.discrete else clip_action(spec, agent.act_deterministic(params, o)))
+
+
+def member_rewards(rm_run: PreferenceRun, rm_state: dict, obs, action) -> np.ndarray:
+    """Each member's normalized reward on each step [M, steps]; r̂ is their mean (``predict_reward``)."""
+    return np.asarray(rm_run.ensemble.normalized_member_rewards(rm_state["ensemble"], obs, action))
+
+
+def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, policy_state: dict, *, greedy: bool,
+          steps: int, seed: int = 0) -> dict:
+    """One row: the policy of ``policy_run`` acting in ``rm_run``'s task, scored by its r̂."""
+    require_r_hat(rm_run)
+    st = policy_steps(rm_run, policy_run, policy_state, greedy=greedy, steps=steps, seed=seed)
+    m = member_rewards(rm_run, rm_state, st["obs"], st["action"])
+    r, true = m.mean(axis=0), st["true"]
+    row = dict(true_return=st["true_return"], r_hat=float(r.mean()),
                corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
                slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0,
                spread=float(m.std(axis=0).mean()) if m.shape[0] > 1 else float("nan"))
-    if not spec.discrete and not greedy:
-        r_mean = members(agent.act_deterministic(params, o)).mean(axis=0)
+    if st["mean_action"] is not None and not greedy:
+        r_mean = member_rewards(rm_run, rm_state, st["obs"], st["mean_action"]).mean(axis=0)
         row["action_share"] = float(np.var(r - r_mean) / max(np.var(r), 1e-12))
     return row
+
+
+def attribute(rm_run: PreferenceRun, rm_state: dict, run_a: PreferenceRun, state_a: dict, run_b: PreferenceRun,
+              state_b: dict, *, steps: int, seed: int = 0) -> dict:
+    """Which inputs make r̂ pay two policies differently (``--attribute``).  Both act (sampled) in
+    ``rm_run``'s task; then r̂ is taken again on A's steps with one input at a time (an observation
+    feature, or the action) replaced by B's values of it, drawn at random from B's steps.  Each
+    change of r̂'s mean is what that input's distribution under B is worth on A's states: a large
+    one on an input the true reward does not depend on is r̂ extrapolating between the policies."""
+    require_r_hat(rm_run)
+    if len(rm_run.spec.obs_shape) != 1:
+        raise ValueError("--attribute reads vector observations, one feature at a time; "
+                         f"{rm_run.cfg.env}'s are {rm_run.spec.obs_shape}")
+    a = policy_steps(rm_run, run_a, state_a, greedy=False, steps=steps, seed=seed)
+    b = policy_steps(rm_run, run_b, state_b, greedy=False, steps=steps, seed=seed)
+    n = min(len(a["true"]), len(b["true"]))
+    pick = np.random.default_rng(seed).permutation(len(b["true"]))[:n]
+    obs_a, act_a = np.asarray(a["obs"][:n]), np.asarray(a["action"][:n])
+    obs_b, act_b = np.asarray(b["obs"])[pick], np.asarray(b["action"])[pick]
+    r_hat = lambda o, act: float(member_rewards(rm_run, rm_state, jnp.asarray(o), jnp.asarray(act)).mean())
+    base = r_hat(obs_a, act_a)
+    features = []
+    for j in range(obs_a.shape[1]):
+        o = obs_a.copy()
+        o[:, j] = obs_b[:, j]
+        features.append(r_hat(o, act_a) - base)
+    return dict(r_hat_a=base, r_hat_b=r_hat(obs_b, act_b), true_a=float(a["true"][:n].mean()),
+                true_b=float(b["true"][pick].mean()), features=features, action=r_hat(obs_a, act_b) - base,
+                mean_a=obs_a.mean(axis=0), mean_b=obs_b.mean(axis=0), std_a=obs_a.std(axis=0), std_b=obs_b.std(axis=0))
 
 
 def retrain(rm_run: PreferenceRun, rm_state: dict, steps: int, seed: int, start_agent=None) -> list[tuple[int, float]]:
@@ -257,11 +307,15 @@ def main(argv=None) -> int:
                    help="start the --retrain agents from RUN's newest policy instead of fresh ones (see above)")
     p.add_argument("--labels", action="store_true",
                    help="what --rm's labels hold and how its r̂ reads them (see above)")
+    p.add_argument("--attribute", action="store_true",
+                   help="with two runs A B: which inputs make r̂ pay their policies differently (see above)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be positive")
     if args.retrain_from is not None and args.retrain is None:
         p.error("--retrain-from needs --retrain STEPS")
+    if args.attribute and len(args.runs) != 2:
+        p.error("--attribute compares two runs' policies: give exactly two run directories")
     if not args.runs and args.retrain is None and not args.labels:
         p.error("give run directories to score, --retrain STEPS or --labels")
     if args.retrain is not None and (args.retrain < 1 or args.retrain_seeds < 1):
@@ -312,6 +366,19 @@ def main(argv=None) -> int:
                 print(f"seed {args.seed + i}: " + ", ".join(f"{s:,}: {r:.0f}" for s, r in evals), flush=True)
             if not args.runs:
                 return 0
+        if args.attribute:
+            (run_a, state_a), (run_b, state_b) = load(args.runs[0]), load(args.runs[1])
+            at = attribute(rm_run, rm_state, run_a, state_a, run_b, state_b, steps=args.steps, seed=args.seed)
+            print(f"r̂ of {args.rm}, per step: A {at['r_hat_a']:.3f} (true {at['true_a']:.3f}), "
+                  f"B {at['r_hat_b']:.3f} (true {at['true_b']:.3f})\n"
+                  f"  A = {args.runs[0]}\n  B = {args.runs[1]}\n"
+                  f"change of r̂ on A's steps when one input takes B's values:")
+            print(f"  {'input':8s} {'Δr̂/step':>9s} {'A: mean':>8s} {'std':>6s} {'B: mean':>8s} {'std':>6s}")
+            for j, d in enumerate(at["features"]):
+                print(f"  {f'[{j}]':8s} {d:+9.3f} {at['mean_a'][j]:8.2f} {at['std_a'][j]:6.2f} "
+                      f"{at['mean_b'][j]:8.2f} {at['std_b'][j]:6.2f}")
+            print(f"  {'action':8s} {at['action']:+9.3f}")
+            return 0
         require_r_hat(rm_run)
         print(f"r̂ of {args.rm}")
         print(f"{'run':44s} {'acting':8s} {'true return':>12s} {'r̂/step':>8s} {'corr':>6s} {'slope':>6s} {'action share':>12s}"

@@ -337,6 +337,36 @@ def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpol
     assert reward_diagnostics.score(run, state, run, state, greedy=False, steps=60)["spread"] > 0
 
 
+def test_reward_diagnostics_attribute_finds_the_inputs_r_hat_reads(cartpole_run, capsys):
+    """``--attribute``: r̂ on A's steps with one input given B's values.  An input whose first-layer
+    weights are zero in every member is worth exactly nothing; the unmodified r̂ reads some input;
+    A's r̂ per step is the scoring table's."""
+    import jax
+    from experiments import reward_diagnostics
+
+    run, state = reward_diagnostics.load(str(cartpole_run))
+    at = reward_diagnostics.attribute(run, state, run, state, run, state, steps=60, seed=3)
+    assert len(at["features"]) == 4 and np.isfinite(at["action"])
+    assert any(abs(d) > 1e-4 for d in at["features"])
+    assert at["r_hat_a"] == pytest.approx(reward_diagnostics.score(run, state, run, state, greedy=False, steps=60,
+                                                                   seed=3)["r_hat"], abs=1e-5)
+    ens = state["ensemble"]
+    blind = jax.tree_util.tree_map_with_path(  # every member's weights on feature 2 (θ) set to zero
+        lambda path, x: x.at[:, 2].set(0.0) if "Dense_0" in jax.tree_util.keystr(path) and x.ndim == 3 else x,
+        ens.params)
+    blind_state = {**state, "ensemble": ens.replace(params=blind)}
+    at = reward_diagnostics.attribute(run, blind_state, run, state, run, state, steps=60, seed=3)
+    assert at["features"][2] == 0.0 and any(abs(d) > 1e-4 for d in at["features"])
+    # the CLI prints one row per feature and one for the action; it needs exactly two runs
+    assert reward_diagnostics.main(["--rm", str(cartpole_run), "--attribute", str(cartpole_run), str(cartpole_run),
+                                    "--steps", "60"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"[{j}]" in out for j in range(4)) and "action" in out
+    with pytest.raises(SystemExit) as e:
+        reward_diagnostics.main(["--rm", str(cartpole_run), "--attribute", str(cartpole_run)])
+    assert e.value.code == 2
+
+
 def test_reward_diagnostics_labels_counts_ties_and_the_actions_share(cartpole_run, capsys):
     from experiments import reward_diagnostics
 
