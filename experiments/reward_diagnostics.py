@@ -42,7 +42,9 @@ steps with one input at a time (an observation feature, or the action) given B's
 and the change of r̂ per step is printed beside each feature's mean and std under both policies
 (vector observations).  A large change on an input the true reward ignores is r̂ extrapolating:
 on Swimmer, an r̂ fitted to an untrained policy's clips pays a slow gait for holding its first
-action at the bound and for its joints' swing (BUILD_NOTES).
+action at the bound and for its joints' swing (BUILD_NOTES).  One input changes at a time, so
+where the policies differ in several at once (Swimmer's mirror-image gaits) the mixed states can
+lie further from the labels than either policy's, and the changes need not add up to the gap.
 
     python -m experiments.reward_diagnostics --rm RUN --labels
 
