@@ -109,7 +109,7 @@ def policy_steps(rm_run: PreferenceRun, policy_run: PreferenceRun, policy_state:
                  seed: int = 0) -> dict:
     """The valid steps of ``steps`` steps per environment of ``policy_run``'s newest policy acting in
     ``rm_run``'s task: observations, actions (as sampled, and clipped to the bounds as the task
-    receives them), the true reward, the true return per episode, and the policy's mean actions."""
+    receives them), the true reward and the true return per episode."""
     check_same_task(policy_run, rm_run)
     agent, params, spec = policy_run.agent, policy_state["agent"].params, rm_run.spec
     policy = agent.policy
@@ -121,8 +121,7 @@ def policy_steps(rm_run: PreferenceRun, policy_run: PreferenceRun, policy_state:
     o = ro.obs.reshape(-1, *ro.obs.shape[2:])[valid]
     sampled = ro.action.reshape(-1, *ro.action.shape[2:])[valid]
     return dict(obs=o, action=clip_action(spec, sampled), true=np.asarray(ro.true_reward).reshape(-1)[valid],
-                true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)),
-                mean_action=None if spec.discrete else clip_action(spec, agent.act_deterministic(params, o)))
+                true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)))
 
 
 def member_rewards(rm_run: PreferenceRun, rm_state: dict, obs, action) -> np.ndarray:
@@ -141,8 +140,9 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
                corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
                slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0,
                spread=float(m.std(axis=0).mean()) if m.shape[0] > 1 else float("nan"))
-    if st["mean_action"] is not None and not greedy:
-        r_mean = member_rewards(rm_run, rm_state, st["obs"], st["mean_action"]).mean(axis=0)
+    if not rm_run.spec.discrete and not greedy:  # r̂ again on the policy's mean actions
+        mean_action = clip_action(rm_run.spec, policy_run.agent.act_deterministic(policy_state["agent"].params, st["obs"]))
+        r_mean = member_rewards(rm_run, rm_state, st["obs"], mean_action).mean(axis=0)
         row["action_share"] = float(np.var(r - r_mean) / max(np.var(r), 1e-12))
     return row
 
