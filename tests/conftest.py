@@ -25,7 +25,13 @@ from pathlib import Path
 # suite gets them: the workers' own, the entry points a test runs in-process, and every child
 # process a test starts (they inherit the environment).  A user's own XLA_FLAGS come first and
 # are kept.  (test_experiments.py alone: 85.6 s -> 75.4 s, 2026-11-26.)
-FAST_COMPILE = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
+#
+# XLA:CPU's newer fusion emitters are off as well (``xla_cpu_use_fusion_emitters``): the older
+# per-fusion code generation compiles the same programs in ~40 % less time (a tiny CartPole run's
+# 40 programs 16.7-17.7 s -> 9.8-11.0 s, a tiny Pong run's 50 programs 13.3 -> 7.9 s; the same
+# returns to the last digit; 2026-11-26, 2-core Xeon), and compilation is ~40 % of the suite's CPU time.
+FAST_COMPILE = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True,
+                "xla_cpu_use_fusion_emitters": False}
 _flags = os.environ.get("XLA_FLAGS", "").split()  # a pytest-xdist worker inherits its controller's
 os.environ["XLA_FLAGS"] = " ".join([*_flags, *(flag for flag in (f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
                                                if flag not in _flags)])
@@ -88,6 +94,25 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("rlhp")
+
+def run_outputs_ok(out: Path, iterations: int):
+    """A finished run's directory holds what every entry point writes: one metrics row per
+    iteration (JSON lines and CSV), the learning curve, TensorBoard events, the last iteration's
+    checkpoint and the summary.  Returns (metrics rows, summary)."""
+    import json
+
+    from rlhp_jax.checkpoint import Checkpointer
+    from rlhp_jax.metrics import read_jsonl
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
+    assert (out / "metrics.csv").read_text().startswith("iteration,env_steps")
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert Checkpointer(out / "checkpoints").latest_step() == iterations
+    summary = json.loads((out / "summary.json").read_text())
+    return rows, summary
+
 
 # --------------------------------------------------------------------- the small MLP problem
 # obs in R^3, 2 discrete actions, clips of 5 steps, a buffer of 256 labels.  Every MLP

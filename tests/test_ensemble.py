@@ -31,6 +31,13 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 # parameter whose gradient is ≈ 0 can move by a fraction of lr = 3e-4 either way.  Adam's
 # moments (the gradients themselves) are compared tightly.
 PARAM_TOL = dict(rtol=1e-4, atol=1.5e-4)
+# A host loop over the compiled step and one scan are different programs, rounded differently at
+# each of their steps, and the ±lr walk of near-zero gradients adds up over the steps: one weight
+# of 64 was 2.3·lr apart after 60 steps with XLA:CPU's older emitters (conftest.FAST_COMPILE).  Ten
+# steps' worth, as between batched and sharded programs (tests/test_compiled.py); the fit's metrics
+# (losses and accuracies over its steps), which any change of keys, batches or steps would move,
+# are compared tightly.
+LOOP_PARAM_TOL = dict(rtol=1e-4, atol=10 * EnsembleConfig().learning_rate)
 
 
 def tree_allclose(a, b, **kw):
@@ -315,8 +322,9 @@ def test_host_fit_loop_equals_scan(ens1_noreg, fitted1_noreg, buffer1):
     s_host, m_host = host.fitter(jit=fast_jit)(state, buffer1, jax.random.key(5), N_FIT_1)
     s_scan, m_scan = fitted1_noreg
     tree_allclose(m_host, m_scan, rtol=1e-4, atol=1e-5)
-    tree_allclose(without_output_bias(s_host.params), without_output_bias(s_scan.params), **PARAM_TOL)
-    np.testing.assert_allclose(s_host.norm_mean, s_scan.norm_mean, rtol=1e-4, atol=1e-5)
+    tree_allclose(without_output_bias(s_host.params), without_output_bias(s_scan.params), **LOOP_PARAM_TOL)
+    # the mean of r̂ carries the output bias, the walk of a gradient that is float noise alone
+    np.testing.assert_allclose(s_host.norm_mean, s_scan.norm_mean, **LOOP_PARAM_TOL)
     np.testing.assert_allclose(s_host.norm_std, s_scan.norm_std, rtol=1e-4)
     assert int(s_host.steps) == N_FIT_1
 
