@@ -248,6 +248,7 @@ def test_atari_path_with_frames_stored_once(tmp_path):
     code = atari.main(["--agent", "dqfd", "--demos", str(demo), "--setup", "demos+prefs+autolabels", "--steps", "100",
                        "--iteration-steps", "100", "--labels", "4", "--bc-batches", "3", "--rm-pretrain-batches", "3",
                        "--second-pretrain-batches", "3", "--rm-batches-per-iteration", "3", "--replay.capacity", "1000",
+                       "--agent-config", "batch_size=4",  # shapes are what this checks: 4 frames, not A.3's 32 (-10 s)
                        "--out", str(out), "--no-progress"])
     assert code == 0
     rows = read_jsonl(out / "metrics.jsonl")
