@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import signal
@@ -45,6 +46,7 @@ from hypothesis import HealthCheck, settings
 from rlhp_jax import compile_cache
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
+from rlhp_jax.metrics import read_jsonl
 from rlhp_jax.reward_models import RewardModelSpec
 
 # Ctrl-C for the CLIs a test stops with SIGINT (label and play servers): a suite started in the
@@ -95,14 +97,13 @@ settings.register_profile(
 )
 settings.load_profile("rlhp")
 
+
+# --------------------------------------------------------------------- a finished run's outputs
 def run_outputs_ok(out: Path, iterations: int):
     """A finished run's directory holds what every entry point writes: one metrics row per
     iteration (JSON lines and CSV), the learning curve, TensorBoard events, the last iteration's
     checkpoint and the summary.  Returns (metrics rows, summary)."""
-    import json
-
-    from rlhp_jax.checkpoint import Checkpointer
-    from rlhp_jax.metrics import read_jsonl
+    from rlhp_jax.checkpoint import Checkpointer  # orbax: 0.26 s more to import, only where used
 
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
