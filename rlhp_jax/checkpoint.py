@@ -173,7 +173,23 @@ def _from_orbax(value: Any, template: Any, kind: str) -> Any:
         return np.asarray(value, dtype=template.dtype)[()]
     if kind == "numpy":
         return np.asarray(value)
+    if isinstance(template, jax.Array) and not template.committed:
+        # orbax places each array on the template's device, committed there; the fresh state a run
+        # saves is uncommitted (created without naming a device), and jit lowers a committed
+        # argument with a sharding annotation the fresh run's programs lack.  A resumed run would
+        # then miss every program in the compilation cache and compile it all again (7.7 s of
+        # compiling on resuming a small CartPole run, 0.95 s without; BUILD_NOTES, Pitfalls).
+        # Restored as the fresh state was made: uncommitted.
+        return _uncommitted(value)
     return value if isinstance(value, jax.Array) else jax.numpy.asarray(value)
+
+
+def _uncommitted(value: jax.Array) -> jax.Array:
+    """``value`` copied through the host into an array on the default device, not committed to it
+    (a typed PRNG key through its key data)."""
+    if jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(_uncommitted(jax.random.key_data(value)), impl=jax.random.key_impl(value))
+    return jax.numpy.asarray(np.asarray(value))
 
 
 def _fmt(shape, dtype) -> str:

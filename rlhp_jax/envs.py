@@ -181,6 +181,10 @@ class GymnaxVecEnv:
     def reset(self, key: jax.Array) -> tuple[GymnaxState, jax.Array]:
         keys = jax.random.split(key, self.num_envs)
         obs, inner = jax.vmap(self._reset_one)(keys)
+        # gymnax starts some fields from Python scalars (CartPole's ``time = 0``), so they come out
+        # weakly typed; a checkpoint restores them strongly typed, and the programs that take the
+        # state would compile again on resume.  Strong types from the start: the same programs.
+        inner = jax.tree.map(lambda x: jnp.asarray(x, x.dtype), inner)
         return GymnaxState(inner=inner, t=jnp.zeros(self.num_envs, jnp.int32)), obs
 
     def step(self, key: jax.Array, state: GymnaxState, action: jax.Array) -> tuple[GymnaxState, StepOut]:

@@ -104,6 +104,24 @@ def test_round_trip_nested_pytree_and_meta(tmp_path):
     np.testing.assert_array_equal(restored2.params["dense"]["kernel"], state.params["dense"]["kernel"])
 
 
+def test_restored_arrays_are_committed_as_the_template_was(tmp_path):
+    """A fresh state is uncommitted (made without naming a device); orbax hands arrays back committed
+    to a device, and jit compiles a committed argument into another program (a sharding annotation):
+    a resumed run would miss every program the fresh run left in the compilation cache."""
+    ckpt = Checkpointer(tmp_path / "ck")
+    state = {"fresh": jnp.arange(3.0), "placed": jax.device_put(jnp.arange(2), jax.devices()[0]),
+             "key": jax.random.key(3)}
+    assert not state["fresh"].committed and state["placed"].committed and not state["key"].committed
+    ckpt.save(1, state, {})
+    restored, _ = ckpt.restore(state)
+    assert not restored["fresh"].committed and restored["placed"].committed and not restored["key"].committed
+    assert jax.random.key_impl(restored["key"]) == jax.random.key_impl(state["key"])
+    np.testing.assert_array_equal(jax.random.key_data(restored["key"]), jax.random.key_data(state["key"]))
+    np.testing.assert_array_equal(restored["fresh"], state["fresh"])
+    f = lambda s: s["fresh"] * 2 + s["placed"].sum()
+    assert jax.jit(f).lower(restored).as_text() == jax.jit(f).lower(state).as_text()
+
+
 def test_keep_prunes_oldest_and_restores_specific_step(tmp_path):
     d = tmp_path / "ck"
     ckpt = Checkpointer(d, keep=2)

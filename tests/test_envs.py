@@ -72,6 +72,14 @@ def test_continue_mode_penalises_every_step_out_of_range(cartpole_continue):
     assert (out.true_reward[t + 1, e] < 0).all()
 
 
+def test_reset_state_has_no_weakly_typed_leaves():
+    """gymnax starts CartPole's ``time`` from a Python 0 (weakly typed); a checkpoint gives it back
+    strongly typed, and every program taking the state would compile again on resume."""
+    state, _ = make_env("CartPole-v1", 2).reset(jax.random.PRNGKey(0))
+    weak = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_leaves_with_path(state) if x.weak_type]
+    assert weak == []
+
+
 def test_no_termination_signal_in_the_agent_view():
     env = make_env("Pendulum-v1", 2)
     out = _run(env, steps=250)
