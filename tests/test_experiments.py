@@ -95,12 +95,13 @@ def test_presets_pretrain_and_baseline_as_their_appendix_says():
 
 def test_no_online_queries_collects_every_label_before_rl(tmp_path, capsys):
     out = tmp_path / "offline"
-    # (--steps 5000 is no whole number of 2048-step iterations: the run says so, and runs 4096)
-    rc = classic.main(["--env", "CartPole-v1", "--labels", "30", "--steps", "5000", "--ablation", "no_online_queries",
+    # (--steps 5000 is no whole number of 2048-step iterations: the run says so, and runs 4096.  The
+    # label budget is RESUME_ARGS', so the agent's, the label set's and the fit's programs are theirs)
+    rc = classic.main(["--env", "CartPole-v1", "--labels", "60", "--steps", "5000", "--ablation", "no_online_queries",
                        "--out", str(out), "--no-progress"])
     assert rc == 0
     rows = read_jsonl(out / "metrics.jsonl")
-    assert [r["labels"] for r in rows] == [30, 30]
+    assert [r["labels"] for r in rows] == [60, 60]
     assert "5000 steps asked for (--steps) are not a multiple of the 2048 steps of an iteration: rounded down to 4096" \
         in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
