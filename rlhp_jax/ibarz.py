@@ -182,7 +182,9 @@ class IbarzRun:
         self._learn = jax.jit(learn)
         self._td_error = jax.jit(td_error)
         self.rewards = jax.jit(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
-        self._fit = rm.fitter()
+        # A.4's pretraining (50,000 batches) in blocks of an iteration's fit (6,250): one program for
+        # both, the same steps (``RewardEnsemble.fitter``)
+        self._fit = rm.fitter(block=cfg.rm_batches_per_iteration or None)
         self._evaluate_rm = jax.jit(rm.evaluate)
         self._add = jax.jit(labels_lib.add_labels)
         def loss_and_bound(rm_state, buf):
