@@ -21,6 +21,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rlhp_jax.core import conv_general_dilated
+
 
 class RewardMLP(nn.Module):
     """Appendix A.1 predictor: MLP 2×64, leaky ReLU 0.01, inputs (obs, action)."""
@@ -62,7 +64,7 @@ class RewardCNN(nn.Module):
         if jnp.issubdtype(obs.dtype, jnp.integer):
             x = x / 255.0
         for k, s in zip(self.kernels, self.strides):
-            x = nn.Conv(self.filters, (k, k), strides=(s, s), padding="VALID")(x)
+            x = nn.Conv(self.filters, (k, k), strides=(s, s), padding="VALID", conv_general_dilated=conv_general_dilated)(x)
             x = nn.BatchNorm(use_running_average=not train, momentum=self.batch_norm_momentum)(x)
             # per-channel dropout: one mask per feature map, shared over the spatial axes
             x = nn.Dropout(self.dropout_rate, broadcast_dims=(1, 2), deterministic=not train)(x)

@@ -587,3 +587,23 @@ def test_gaussian_noise_is_standard_normal():
     np.testing.assert_allclose(k, np.round(k), atol=0.02)
     assert abs(np.corrcoef(x[0::2], x[1::2])[0, 1]) < 0.01
     
+
+
+@pytest.mark.parametrize("n, size, cin, kernel, stride, cout", [(3, 26, 16, 5, 2, 16), (2, 20, 4, 7, 3, 5), (2, 9, 1, 5, 4, 2)])
+def test_strided_convolution_has_lax_values_and_gradients(n, size, cin, kernel, stride, cout):
+    """core.conv_general_dilated (the CNNs' convolution): lax's values, and the same gradients through
+    its phase-by-phase input gradient, which it takes (a custom VJP) for strided VALID NHWC layers on CPU."""
+    from rlhp_jax.core import conv_general_dilated
+
+    k1, k2 = jax.random.split(jax.random.PRNGKey(n + size))
+    x, w = jax.random.normal(k1, (n, size, size, cin)), jax.random.normal(k2, (kernel, kernel, cin, cout))
+    dims = jax.lax.conv_dimension_numbers(x.shape, w.shape, ("NHWC", "HWIO", "NHWC"))
+    loss = lambda conv: lambda x, w: jnp.sum(jnp.sin(conv(x, w, (stride, stride), "VALID", dimension_numbers=dims)))
+    ours, theirs = loss(conv_general_dilated), loss(jax.lax.conv_general_dilated)
+    assert "custom_vjp_call" in str(jax.make_jaxpr(ours)(x, w))  # the phase gradient is the one taken
+    np.testing.assert_allclose(ours(x, w), theirs(x, w), rtol=1e-6)
+    for a, b in zip(jax.grad(ours, (0, 1))(x, w), jax.grad(theirs, (0, 1))(x, w)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    # padded or stride-1 layers are lax's own
+    assert "custom_vjp_call" not in str(jax.make_jaxpr(lambda x, w: conv_general_dilated(
+        x, w, (stride, stride), "SAME", dimension_numbers=dims))(x, w))
