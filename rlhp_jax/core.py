@@ -91,11 +91,11 @@ class Rollout(NamedTuple):
 
 
 def loop_body_is_slow(network: str, backend: str | None = None) -> bool:
-    """The one CPU rule for convolutions: XLA:CPU runs a CNN's gradients ~20x slower inside a loop
-    body (``lax.scan``/``lax.map``; jax-ml/jax#12868, BUILD_NOTES), so on CPU a ``"cnn"`` network's
-    steps run unrolled or as a host loop over one compiled step.  ``network``: "cnn" or "mlp"."""
+    """A CPU rule for convolutions (the other: :func:`conv_general_dilated`): XLA:CPU runs a CNN's
+    gradients ~20x slower inside a loop body (``lax.scan``/``lax.map``; jax-ml/jax#12868,
+    BUILD_NOTES), so on CPU a ``"cnn"`` network's steps run unrolled or as a host loop over one
+    compiled step.  ``network``: "cnn" or "mlp"."""
     return network == "cnn" and (backend or jax.default_backend()) == "cpu"
-
 
 
 _NHWC = ("NHWC", "HWIO", "NHWC")

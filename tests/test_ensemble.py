@@ -586,12 +586,11 @@ def test_gaussian_noise_is_standard_normal():
     k = 0.5 * (1 + np.vectorize(math.erf)(x[:2000] / math.sqrt(2))) * NOISE_LEVELS - 0.5
     np.testing.assert_allclose(k, np.round(k), atol=0.02)
     assert abs(np.corrcoef(x[0::2], x[1::2])[0, 1]) < 0.01
-    
 
 
 @pytest.mark.parametrize("n, size, cin, kernel, stride, cout", [(3, 26, 16, 5, 2, 16), (2, 20, 4, 7, 3, 5), (2, 9, 1, 5, 4, 2)])
 def test_strided_convolution_has_lax_values_and_gradients(n, size, cin, kernel, stride, cout):
-    """core.conv_general_dilated (the CNNs' convolution): lax's values, and the same gradients through
+    """core.conv_general_dilated (the reward CNN's convolution): lax's values, and the same gradients through
     its phase-by-phase input gradient, which it takes (a custom VJP) for strided VALID NHWC layers on CPU."""
     from rlhp_jax.core import conv_general_dilated
 
