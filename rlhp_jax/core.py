@@ -126,7 +126,17 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
               == jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC))
     if not simple:
         return plain(lhs, rhs)
-    return _strided_conv(lhs, rhs, strides[0], precision)
+
+    @jax.custom_vjp
+    def conv(x, w):
+        return plain(x, w)
+
+    def bwd(x_w, g):  # the input's gradient phase by phase; the kernel's is XLA's own
+        x, w = x_w
+        return _phase_input_grad(g, w, strides[0], x.shape, precision), jax.vjp(lambda w_: plain(x, w_), w)[1](g)[0]
+
+    conv.defvjp(lambda x, w: (plain(x, w), (x, w)), bwd)
+    return conv(lhs, rhs)
 
 
 def _phase_input_grad(g, w, s: int, x_shape, precision):
@@ -151,26 +161,6 @@ def _phase_input_grad(g, w, s: int, x_shape, precision):
         rows.append(jnp.stack(cols, axis=3))  # [N, ph, pw, s (a2), ci]
     full = jnp.stack(rows, axis=2)  # [N, ph, s (a1), pw, s (a2), ci]
     return full.reshape(n, ph * s, pw * s, ci)[:, :h, :wd]
-
-
-def _strided_conv(x, w, s: int, precision):
-    """The VALID stride-``s`` NHWC convolution with :func:`_phase_input_grad` as its input gradient
-    (the kernel's gradient is XLA's own)."""
-    @jax.custom_vjp
-    def conv(x, w):
-        return jax.lax.conv_general_dilated(x, w, (s, s), "VALID", dimension_numbers=_NHWC, precision=precision)
-
-    def fwd(x, w):
-        return conv(x, w), (x, w)
-
-    def bwd(res, g):
-        x, w = res
-        _, w_vjp = jax.vjp(lambda w_: jax.lax.conv_general_dilated(x, w_, (s, s), "VALID", dimension_numbers=_NHWC,
-                                                                  precision=precision), w)
-        return _phase_input_grad(g, w, s, x.shape, precision), w_vjp(g)[0]
-
-    conv.defvjp(fwd, bwd)
-    return conv(x, w)
 
 
 def episode_ends(spec: EnvSpec, boundary, terminated):
