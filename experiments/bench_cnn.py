@@ -118,6 +118,11 @@ def main(argv=None):
     p.add_argument("--torch-seconds", type=float, default=None,
                    help="a PyTorch figure (s per 1-member step) measured elsewhere, instead of measuring here")
     args = p.parse_args(argv)
+    for flag, value in (("--members", min(args.members)), ("--steps", args.steps), ("--repeats", args.repeats)):
+        if value < 1:
+            p.error(f"{flag} must be at least 1")
+    if args.torch_seconds is not None and args.torch_seconds <= 0:
+        p.error("--torch-seconds must be positive")
 
     import jax
 

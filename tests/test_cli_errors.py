@@ -454,3 +454,15 @@ def test_entry_points_print_one_line_and_exit_2(tmp_path):
         assert proc.returncode == 2, proc.stderr[-2000:]
         error_line(proc.stderr)
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv, message", [(["--members", "1", "0"], "--members must be at least 1"),
+                                           (["--steps", "0"], "--steps must be at least 1"),
+                                           (["--repeats", "-2"], "--repeats must be at least 1"),
+                                           (["--torch-seconds", "0"], "--torch-seconds must be positive")])
+def test_the_cnn_benchmark_refuses_counts_below_one(argv, message, capsys):
+    from experiments import bench_cnn
+
+    with pytest.raises(SystemExit) as exit_:
+        bench_cnn.main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
