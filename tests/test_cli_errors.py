@@ -7,6 +7,7 @@ and no file created or changed.
 * property-based: corrupted demo files (``rlhp_jax.demos.read_demos``) give a ``DemoError`` or a
   usable demo set, and corrupted ``config.json`` files of runs (``--resume``) give ``error: ...``,
   never a traceback and never a changed file.
+* ``python -m experiments.bench_cnn`` with counts below one: one line, exit status 2.
 
 Everything runs in-process except two subprocess checks of the real entry points; nothing here
 trains or compiles (a corrupted config that the CLI accepted would fail the test instead of training).
