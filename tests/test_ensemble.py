@@ -389,6 +389,26 @@ def test_normalization_ignores_empty_slots(ens1_noreg, fitted1_noreg, buffer1):
     np.testing.assert_allclose(s.norm_std, clean.norm_std, rtol=1e-4)
 
 
+def test_the_label_set_is_scored_up_to_its_last_filled_slot(ens1_noreg, fitted1_noreg, buffer1):
+    """The whole-buffer pass (normalization, validation) scores each member in chunks, up to the
+    chunk that holds the last filled slot, and leaves the rows after it 0; when every chunk is
+    needed, the last one ends at the buffer's end (overlapping the one before)."""
+    state, _ = fitted1_noreg
+    chunked = RewardEnsemble(MLP_SPEC, dataclasses.replace(ens1_noreg.ens.config, chunk_size=96))
+    score = fast_jit(chunked.buffer_member_rewards)
+    n = buffer1.capacity * 2 * SEGMENT_LENGTH  # 2,560 rows: 26 chunks of 96 and an overlapping 27th
+    want = np.asarray(ens1_noreg.member_rewards(state, buffer1.obs.reshape(n, OBS_DIM), buffer1.action.reshape(n)))[0]
+    assert np.all(want != 0.0)
+    full = np.asarray(score(state, buffer1)).reshape(n)
+    np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-6)
+    filled = np.zeros(buffer1.capacity, bool)
+    filled[:37] = filled[50] = True  # slots 0-50 are rows 0-509: the first six chunks (576 rows)
+    got = np.asarray(score(state, buffer1.replace(filled=filled))).reshape(n)
+    np.testing.assert_allclose(got[:576], want[:576], rtol=1e-5, atol=1e-6)
+    assert np.all(got[576:] == 0.0)
+    assert np.all(np.asarray(score(state, buffer1.replace(filled=np.zeros_like(filled)))) == 0.0)
+
+
 def test_input_statistics_are_the_labeled_clips_feature_moments(ens1_noreg, buffer1):
     """Each feature's mean and std over every step of every filled clip; empty slots do not count;
     a feature constant over the clips gets the floor, not a zero std."""
