@@ -382,7 +382,8 @@ class RewardEnsemble:
         """
         return self.fit_keys(state, buffer, jax.random.split(key, num_steps))
 
-    def fit_keys(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, keys: jax.Array, normalize=True):
+    def fit_keys(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, keys: jax.Array,
+                 normalize: bool | jax.Array = True):
         """``fit`` with its steps' keys given ([steps]): a fit of n·b steps is then n fits of b keys
         each, with the same result (the input statistics and the normalization depend on the
         buffer alone, and no step reads the normalization).  ``normalize`` (a bool, or a traced
