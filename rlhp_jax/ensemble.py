@@ -386,8 +386,8 @@ class RewardEnsemble:
                  normalize: bool | jax.Array = True):
         """``fit`` with its steps' keys given ([steps]): a fit of n·b steps is then n fits of b keys
         each, with the same result (the input statistics and the normalization depend on the
-        buffer alone, and no step reads the normalization).  ``normalize`` (a bool, or a traced
-        one: one program either way) false skips the normalization at the end: the fits before
+        buffer alone, and no step reads the normalization).  ``normalize`` false (or a traced
+        flag, so that one program serves both) skips the normalization at the end: the fits before
         the last of such a series need none."""
 
         def body(s, k):
@@ -397,7 +397,7 @@ class RewardEnsemble:
         state, metrics = jax.lax.scan(body, state, keys)
         if normalize is True:
             state = self.update_normalization(state, buffer)
-        elif normalize is not False:
+        else:
             state = jax.lax.cond(normalize, self.update_normalization, lambda s, b: s, state, buffer)
         return state, jax.tree.map(lambda x: jnp.nanmean(x, axis=0), metrics)
 
