@@ -228,16 +228,18 @@ class CompiledRun:
             buffer, got = parts.ask_oracle(buffer, member_r, rollout, keys.queries, n, self.max_new,
                                            parts.online_chunk)
             state = state.replace(buffer=buffer, queries=state.queries + n, labels=state.labels + got)
-            if parts.fit_steps > 0:
+            validate = lambda e: jnp.nanmean(parts.ensemble.evaluate(e, buffer)["val_accuracy"])
+            if parts.fit_steps > 0:  # a fit validates from its own scoring of the labels (``RewardEnsemble.fit``)
                 def fit(ens_state):
                     ens_state, fit_m = parts.ensemble.fit(ens_state, buffer, keys.fit, parts.fit_steps)
-                    return ens_state, jnp.nanmean(fit_m["train_loss"]), jnp.mean(ens_state.l2)
+                    return (ens_state, jnp.nanmean(fit_m["train_loss"]), jnp.mean(ens_state.l2),
+                            jnp.nanmean(fit_m["evaluation"]["val_accuracy"]))
 
-                ens_state, m["rm_train_loss"], m["rm_l2"] = jax.lax.cond(
-                    state.labels > 0, fit, lambda e: (e, nan, nan), ens_state)
-            m["val_accuracy"] = jax.lax.cond(
-                evaluate_now, lambda: jnp.nanmean(parts.ensemble.evaluate(ens_state, buffer)["val_accuracy"]),
-                lambda: nan)
+                ens_state, m["rm_train_loss"], m["rm_l2"], fitted_accuracy = jax.lax.cond(
+                    state.labels > 0, fit, lambda e: (e, nan, nan, validate(e)), ens_state)
+                m["val_accuracy"] = jnp.where(evaluate_now, fitted_accuracy, nan)
+            else:
+                m["val_accuracy"] = jax.lax.cond(evaluate_now, lambda: validate(ens_state), lambda: nan)
             m["reward_correlation"] = parts.correlation(rollout, rewards, keys.correlation)
         sums, episodes, total = parts.score_episodes(state.episode_sums, rollout)
         state = state.replace(ensemble=ens_state, episode_sums=sums)

@@ -272,16 +272,18 @@ class PreferenceRun:
                     teacher.publish(labels_due=due, responses=teacher.responses, env_steps=env_steps,
                                     total_steps=total_steps, state="training")
                 t2 = time.perf_counter()
+                ev = None  # the fitted model's accuracy and loss on the labels, from the fit's own scoring
                 if self.fit_steps > 0 and answered > 0:
                     ens_state, fit_m = self._fit(state.ensemble, state.buffer, keys.fit, self.fit_steps)
                     state = state.replace(ensemble=ens_state)
                     row["rm_train_loss"] = float(np.nanmean(np.asarray(fit_m["train_loss"])))
                     row["rm_l2"] = float(np.mean(np.asarray(ens_state.l2)))
+                    ev = fit_m["evaluation"]
                 t3 = time.perf_counter()
                 # validated with the evaluations and at iteration 1 (the model fitted on the initial labels),
                 # not at a resumed run's first iteration: its rows are the uninterrupted run's
                 if evaluate_now or it == 1:
-                    ev = self._evaluate_ensemble(state.ensemble, state.buffer)
+                    ev = self._evaluate_ensemble(state.ensemble, state.buffer) if ev is None else ev
                     row["val_accuracy"] = nanmean_or_none(ev["val_accuracy"])
                     row["rm_val_loss"] = nanmean_or_none(ev["val_loss"])
                 row["reward_correlation"] = finite_or_none(self._correlation(rollout, rewards, keys.correlation))

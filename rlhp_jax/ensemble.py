@@ -375,10 +375,12 @@ class RewardEnsemble:
         return new_state, metrics
 
     def fit(self, state: EnsembleState, buffer: labels_lib.LabelBuffer, key: jax.Array, num_steps: int):
-        """``num_steps`` training steps in one compiled scan; metrics averaged over the steps.
+        """``num_steps`` training steps in one compiled scan; metrics averaged over the steps, and
+        the fitted state's ``evaluate`` under ``"evaluation"``.
 
         The input statistics are refreshed first and the reward normalization at the end (both over
-        the label buffer's clips); a fit of 0 steps does only that (its metrics are NaN).
+        the label buffer's clips; the evaluation comes from the normalization's scoring); a fit of
+        0 steps does only that (its step metrics are NaN).
         """
         return self.fit_keys(state, buffer, jax.random.split(key, num_steps))
 
@@ -396,10 +398,17 @@ class RewardEnsemble:
         state = self.update_input_statistics(state, buffer)
         state, metrics = jax.lax.scan(body, state, keys)
         if normalize is True:
-            state = self.update_normalization(state, buffer)
+            state, evaluation = self.normalize_and_evaluate(state, buffer)
         else:
-            state = jax.lax.cond(normalize, self.update_normalization, lambda s, b: s, state, buffer)
-        return state, jax.tree.map(lambda x: jnp.nanmean(x, axis=0), metrics)
+            skipped = lambda s, b: (s, missing_like(jax.eval_shape(self.evaluate, s, b)))
+            state, evaluation = jax.lax.cond(normalize, self.normalize_and_evaluate, skipped, state, buffer)
+        return state, self._fit_metrics(metrics, evaluation)
+
+    @staticmethod
+    def _fit_metrics(steps, evaluation) -> dict:
+        """A fit's metrics: its steps' minibatch metrics averaged over the steps, and ``evaluation``,
+        ``evaluate`` of the fitted state from the normalization's pass (NaN where it was skipped)."""
+        return dict(jax.tree.map(lambda x: jnp.nanmean(x, axis=0), steps), evaluation=evaluation)
 
     def fit_loop(self, backend: str | None = None) -> str:
         """'scan' or 'host' for this model and backend (``config.fit_loop``; 'auto' -> 'host' where
@@ -430,11 +439,14 @@ class RewardEnsemble:
                 for i, k in enumerate(keys.reshape(count, block, *key.shape)):  # normalized once, after the last
                     state, metrics = blocks(state, buffer, k, np.bool_(i == count - 1))
                     history.append(metrics)
-                return state, jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *jax.device_get(history))
+                history = jax.device_get(history)
+                steps = [{k: v for k, v in m.items() if k != "evaluation"} for m in history]
+                means = jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *steps)
+                return state, dict(means, evaluation=history[-1]["evaluation"])  # the last block's
 
             return blocked_fit
         step = jit(self.train_step)
-        normalize = jit(self.update_normalization)
+        finish = jit(self.normalize_and_evaluate)
         inputs = jit(self.update_input_statistics)
 
         def host_fit(state, buffer, key, num_steps):
@@ -446,8 +458,8 @@ class RewardEnsemble:
             if not history:  # 0 steps: NaN metrics, as the scan's mean over no steps
                 shapes = jax.eval_shape(step, state, buffer, key)[1]
                 history = [missing_like(shapes)]
-            metrics = jax.tree.map(lambda *xs: jnp.nanmean(jnp.stack(xs), axis=0), *history)
-            return normalize(state, buffer), metrics
+            state, evaluation = finish(state, buffer)
+            return state, self._fit_metrics(jax.tree.map(lambda *xs: jnp.stack(xs), *history), evaluation)
 
         return host_fit
 
@@ -495,26 +507,39 @@ class RewardEnsemble:
         return state.replace(input_mean=jnp.where(empty, state.input_mean, mean),
                              input_std=jnp.where(empty, state.input_std, std))
 
+    def normalize_and_evaluate(self, state: EnsembleState, buffer: labels_lib.LabelBuffer):
+        """``(update_normalization(...), evaluate(...))`` from one scoring of the label set: the
+        pass every fit ends with also gives the members' accuracy and loss on the labels, so a
+        caller that validates after a fit does not score the set a second time (a full Pong set is
+        ~60 s for 3 members on 2 CPU cores; BUILD_NOTES, "Scoring the label set")."""
+        r = self.buffer_member_rewards(state, buffer)  # [M, C, 2, T]
+        return self._normalized(state, buffer, r), self._evaluation(buffer, r)
+
     def update_normalization(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> EnsembleState:
         """Per-member mean and std of raw rewards over every step of every clip in the buffer."""
-        r = self.buffer_member_rewards(state, buffer)  # [M, C, 2, T]
+        return self._normalized(state, buffer, self.buffer_member_rewards(state, buffer))
+
+    def evaluate(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> dict[str, jax.Array]:
+        """Per member [M]: accuracy and BT loss on its held-out labels and on its training labels,
+        and the BT loss on every label in the set (``label_loss``)."""
+        return self._evaluation(buffer, self.buffer_member_rewards(state, buffer))
+
+    @staticmethod
+    def _normalized(state: EnsembleState, buffer: labels_lib.LabelBuffer, r) -> EnsembleState:
         mean, var = _filled_moments(r, buffer.filled[None, :, None, None], (1, 2, 3))
         std = jnp.sqrt(var) + 1e-6
         empty = jnp.sum(buffer.filled) == 0
         return state.replace(norm_mean=jnp.where(empty, 0.0, mean), norm_std=jnp.where(empty, 1.0, std))
 
-    def evaluate(self, state: EnsembleState, buffer: labels_lib.LabelBuffer) -> dict[str, jax.Array]:
-        """Per-member accuracy and BT loss on its held-out labels and on its training labels."""
-        r = self.buffer_member_rewards(state, buffer)
+    def _evaluation(self, buffer: labels_lib.LabelBuffer, r) -> dict[str, jax.Array]:
         ret = segment_returns(r)  # [M, C, 2]
         w_val = labels_lib.heldout_weights(buffer)
         w_tr = (labels_lib.train_weights(buffer) > 0).astype(jnp.float32)
 
         def per_member(ret_m, wv, wt):
-            acc_v = preference_accuracy(ret_m[:, 0], ret_m[:, 1], buffer.mu, wv)
-            acc_t = preference_accuracy(ret_m[:, 0], ret_m[:, 1], buffer.mu, wt)
-            lv = bradley_terry_loss(ret_m[:, :1], ret_m[:, 1:], buffer.mu, self.config.error_rate, wv)
-            lt = bradley_terry_loss(ret_m[:, :1], ret_m[:, 1:], buffer.mu, self.config.error_rate, wt)
-            return dict(val_accuracy=acc_v, train_accuracy=acc_t, val_loss=lv, train_loss=lt)
+            acc = lambda w: preference_accuracy(ret_m[:, 0], ret_m[:, 1], buffer.mu, w)
+            loss = lambda w: bradley_terry_loss(ret_m[:, :1], ret_m[:, 1:], buffer.mu, self.config.error_rate, w)
+            return dict(val_accuracy=acc(wv), train_accuracy=acc(wt), val_loss=loss(wv), train_loss=loss(wt),
+                        label_loss=loss(buffer.filled))
 
         return jax.vmap(per_member)(ret, w_val, w_tr)

@@ -74,7 +74,7 @@ from rlhp_jax.labels import bucket
 from rlhp_jax.loop import steps_note
 from rlhp_jax.metrics import (finite_or_none, nanmean_or_none, plot_ibarz_run,
                               read_jsonl, segment_return_correlation)
-from rlhp_jax.preferences import bradley_terry_loss, label_entropy_bound, segment_returns
+from rlhp_jax.preferences import label_entropy_bound
 from rlhp_jax.replay import PrioritizedReplay
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.schedules import initial_rollout_steps, label_schedule
@@ -185,16 +185,9 @@ class IbarzRun:
         # A.4's pretraining (50,000 batches) in blocks of an iteration's fit (6,250): one program for
         # both, the same steps (``RewardEnsemble.fitter``)
         self._fit = rm.fitter(block=cfg.rm_batches_per_iteration or None)
-        self._evaluate_rm = jax.jit(rm.evaluate)
         self._add = jax.jit(labels_lib.add_labels)
-        def loss_and_bound(rm_state, buf):
-            """The model's loss on every label in the buffer (inference mode) and the lowest loss
-            any model could reach on the same labels (Ibarz C, Fig. 7)."""
-            ret = segment_returns(rm.buffer_member_rewards(rm_state, buf)[0])  # [C, 2]
-            loss = bradley_terry_loss(ret[:, :1], ret[:, 1:], buf.mu, rm.config.error_rate, buf.filled)
-            return loss, label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled)
-
-        self._loss_and_bound = jax.jit(loss_and_bound)
+        # the lowest loss any model could reach on the buffer's labels (Ibarz C, Fig. 7)
+        self._label_bound = jax.jit(lambda buf: label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled))
 
     # ------------------------------------------------------------------ pieces of the protocol
     def _learn_steps(self, num: int, demo_only: bool, desc: str):
@@ -382,11 +375,11 @@ class IbarzRun:
             return {}
         self.replay.score_unscored()  # the transitions added since the last draw: scored with the r̂ they came under
         self.rm_state, m = self._fit(self.rm_state, self.buffer, key, num)
-        ev = self._evaluate_rm(self.rm_state, self.buffer)
-        loss, bound = self._loss_and_bound(self.rm_state, self.buffer)
+        ev = m["evaluation"]  # the fitted model on the labels, from the fit's own scoring of them
         return dict(rm_train_loss=float(jnp.nanmean(m["train_loss"])), rm_val_loss=nanmean_or_none(ev["val_loss"]),
                     val_accuracy=nanmean_or_none(ev["val_accuracy"]), train_accuracy=nanmean_or_none(ev["train_accuracy"]),
-                    rm_l2=float(jnp.mean(self.rm_state.l2)), rm_loss=float(loss), label_entropy_bound=float(bound))
+                    rm_l2=float(jnp.mean(self.rm_state.l2)), rm_loss=float(ev["label_loss"][0]),  # inference mode
+                    label_entropy_bound=float(self._label_bound(self.buffer)))
 
     def _model_vs_true(self, since: np.ndarray) -> dict:
         """r̂ and the oracle's reward per 1,000 actor steps over steps sampled from the latest

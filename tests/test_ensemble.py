@@ -342,6 +342,7 @@ def test_a_fit_in_blocks_equals_one_scan(ens1_noreg, fitted1_noreg, buffer1):
     np.testing.assert_allclose(s_blk.l2, s_scan.l2, rtol=1e-5)
     np.testing.assert_allclose(s_blk.norm_std, s_scan.norm_std, rtol=1e-4)
     np.testing.assert_allclose(m_blk["train_loss"], m_scan["train_loss"], rtol=1e-4)
+    tree_allclose(m_blk["evaluation"], m_scan["evaluation"], rtol=1e-4, atol=1e-5)  # the last block's
     assert int(s_blk.steps) == N_FIT_1
 
 
@@ -360,6 +361,23 @@ def test_a_fit_of_no_steps_only_normalizes(ens1_noreg, buffer1):
         np.testing.assert_allclose(got.norm_mean, want.norm_mean, rtol=1e-6)
         np.testing.assert_allclose(got.norm_std, want.norm_std, rtol=1e-6)
         assert int(got.steps) == 0 and np.isnan(np.asarray(metrics["train_loss"])).all()
+
+def test_a_fit_validates_from_the_scores_it_normalizes_with(ens1_noreg, fitted1_noreg, buffer1):
+    """A fit ends by scoring the label set for r̂'s normalization; its metrics carry the fitted
+    model's ``evaluate`` from those scores, so the driver and Ibarz's protocol validate without a
+    second pass over the set.  ``label_loss`` is the BT loss over every filled label."""
+    state, metrics = fitted1_noreg
+    want = ens1_noreg.evaluate(state, buffer1)
+    assert set(metrics["evaluation"]) == set(want) >= {"val_accuracy", "val_loss", "label_loss"}
+    tree_allclose(metrics["evaluation"], want, rtol=1e-6, atol=1e-7)
+    n = buffer1.capacity * 2 * SEGMENT_LENGTH
+    raw = np.asarray(ens1_noreg.member_rewards(state, buffer1.obs.reshape(n, OBS_DIM), buffer1.action.reshape(n)))
+    ret = raw[0].reshape(buffer1.capacity, 2, SEGMENT_LENGTH).sum(-1)
+    p1 = 0.9 / (1 + np.exp(ret[:, 1] - ret[:, 0])) + 0.05  # the 10 % random-response model
+    mu = np.asarray(buffer1.mu)
+    loss = -np.mean(mu * np.log(p1) + (1 - mu) * np.log(1 - p1))
+    np.testing.assert_allclose(metrics["evaluation"]["label_loss"][0], loss, rtol=1e-4)
+
 
 def test_normalized_reward_has_zero_mean_and_configured_std(ens1_noreg, fitted1_noreg, buffer1):
     state, _ = fitted1_noreg
