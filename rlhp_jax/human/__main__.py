@@ -136,8 +136,8 @@ def fit_offline(file: str, members: int = 3, steps: int = 2000, seed: int = 0, l
     pairs = labels_lib.SegmentPairs(obs=jnp.asarray(arrays["obs"]), action=jnp.asarray(arrays["action"]),
                                     true_reward=jnp.asarray(arrays["true_reward"], jnp.float32))
     buffer = labels_lib.add_labels(buffer, k_add, pairs, jnp.asarray(mu))
-    state, _ = ens.fitter()(state, buffer, k_fit, steps)
-    ev = ens.evaluate(state, buffer)
+    state, fit_m = ens.fitter()(state, buffer, k_fit, steps)
+    ev = fit_m["evaluation"]
     r = np.asarray(ens.normalized_member_rewards(state, pairs.obs.reshape(-1, *pairs.obs.shape[3:]),
                                                  pairs.action.reshape(-1, *pairs.action.shape[3:]))).mean(0)
     ret = r.reshape(n, 2, seg).sum(-1)
