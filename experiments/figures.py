@@ -455,7 +455,7 @@ class Figure:
 
     def main(self, argv=None, doc: str | None = None) -> int:
         args = self.parse_args(argv, doc)
-        root, docs, seeds = Path(args.root), Path(args.docs), args.seed_list
+        root, docs = Path(args.root), Path(args.docs)
         steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
         try:
             self.check_args(args)

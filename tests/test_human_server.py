@@ -186,7 +186,7 @@ def test_many_labelers_at_once_over_http(tmp_path):
 
 
 def test_killed_server_loses_nothing_and_restart_resumes_the_queue(tmp_path):
-    store = make_store(tmp_path, n=6)
+    make_store(tmp_path, n=6)  # six open pairs, in the run directory the server is started on
 
     def start():
         port = free_port()

@@ -10,7 +10,6 @@ import dataclasses
 import json
 
 import jax
-import numpy as np
 import pytest
 
 from experiments import grid as mg
