@@ -378,7 +378,8 @@ class IbarzRun:
         ev = m["evaluation"]  # the fitted model on the labels, from the fit's own scoring of them
         return dict(rm_train_loss=float(jnp.nanmean(m["train_loss"])), rm_val_loss=nanmean_or_none(ev["val_loss"]),
                     val_accuracy=nanmean_or_none(ev["val_accuracy"]), train_accuracy=nanmean_or_none(ev["train_accuracy"]),
-                    rm_l2=float(jnp.mean(self.rm_state.l2)), rm_loss=float(ev["label_loss"][0]),  # inference mode
+                    rm_l2=float(jnp.mean(self.rm_state.l2)),
+                    rm_loss=float(ev["label_loss"][0]),  # the first member on every label, inference mode (Fig. 7)
                     label_entropy_bound=float(self._label_bound(self.buffer)))
 
     def _model_vs_true(self, since: np.ndarray) -> dict:
