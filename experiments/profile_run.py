@@ -15,6 +15,9 @@ fetched from the device, ``eval`` = evaluation episodes; Ibarz's protocol has it
 * ``start-up``: process wall time before the training loop's clock starts (imports, building
   the environment, the persistent compilation cache's loads or first compiles, random-policy
   statistics);
+* ``finish``: process wall time after the last metrics row was written (the last checkpoint's
+  commit, the summary, the learning-curve plot, the interpreter's exit), read from the metrics
+  file's modification time;
 * each component's total, its share of the process, and its median per iteration after the
   first (the first iteration compiles what the cache did not have: it is shown on its own);
 * ``other``: loop time no component accounts for (the initial labels and pretraining, checkpoint
@@ -56,10 +59,10 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def breakdown(rows: list[dict], process_s: float, wall_before: float = 0.0) -> dict:
+def breakdown(rows: list[dict], process_s: float, wall_before: float = 0.0, finish_s: float = 0.0) -> dict:
     """Totals per ``time_*`` component from metrics rows; see the module docstring.  ``wall_before``:
     the loop's clock when this process took over (a resumed run's rows carry the time of every
-    process before it in ``wall_s``)."""
+    process before it in ``wall_s``); ``finish_s``: the process's time after its last row."""
     if not rows:
         raise ValueError("the run wrote no metrics rows")
     loop_s = float(rows[-1]["wall_s"]) - wall_before
@@ -71,8 +74,8 @@ def breakdown(rows: list[dict], process_s: float, wall_before: float = 0.0) -> d
         comps[k[len("time_"):-2]] = dict(total_s=sum(vals), first_s=float(rows[0].get(k) or 0.0),
                                          median_ms=1e3 * statistics.median(later) if later else None)
     accounted = sum(c["total_s"] for c in comps.values())
-    return dict(process_s=process_s, startup_s=max(process_s - loop_s, 0.0), loop_s=loop_s,
-                iterations=len(rows), components=comps, other_s=max(loop_s - accounted, 0.0))
+    return dict(process_s=process_s, startup_s=max(process_s - loop_s - finish_s, 0.0), loop_s=loop_s,
+                finish_s=finish_s, iterations=len(rows), components=comps, other_s=max(loop_s - accounted, 0.0))
 
 
 def rows_added(before: list[dict], after: list[dict]) -> tuple[list[dict], float]:
@@ -125,6 +128,8 @@ def table(b: dict) -> str:
         med = "—" if c["median_ms"] is None else f"{c['median_ms']:.1f} ms"
         lines.append(f"| {name} | {c['total_s']:.2f} | {pct(c['total_s'])} | {c['first_s']:.2f} | {med} |")
     lines.append(f"| other (initial labels, pretraining, checkpoints, writing) | {b['other_s']:.2f} | {pct(b['other_s'])} | | |")
+    finish = b.get("finish_s", 0.0)
+    lines.append(f"| finish (last checkpoint, summary, plots, exit) | {finish:.2f} | {pct(finish)} | | |")
     if b.get("programs"):
         lines += ["", programs_text(b["programs"])]
     return "\n".join(lines)
@@ -161,13 +166,14 @@ def main(argv=None):
         else:
             sys.stderr.write(line)
     proc.wait()
-    process_s = time.perf_counter() - t0
+    process_s, ended = time.perf_counter() - t0, time.time()
     if proc.returncode != 0:
         sys.exit(f"the run failed (exit {proc.returncode}); nothing to profile")
     rows, wall_before = rows_added(before, read_rows(metrics))
     if not rows:
         sys.exit(f"the run added no iterations to {metrics} (already finished?); nothing to profile")
-    b = breakdown(rows, process_s, wall_before)
+    # the last row's write is the loop's end: what the process did after it is its finish
+    b = breakdown(rows, process_s, wall_before, finish_s=min(max(ended - metrics.stat().st_mtime, 0.0), process_s))
     b["programs"] = programs(log)
     b["command"] = [a.module, *a.args]
     print(table(b))

@@ -25,7 +25,11 @@ def test_breakdown_totals_startup_and_rest():
     assert b["other_s"] == pytest.approx(7.0 - (3.0 + 2.0 + 0.75 + 0.05))
     text = table(b)
     assert text.index("| agent |") < text.index("| fit |") < text.index("| labels |")  # largest first
-    assert "| start-up | 3.00 | 30 %" in text
+    assert "| start-up | 3.00 | 30 %" in text and "| finish (last checkpoint, summary, plots, exit) | 0.00 |" in text
+    # what the process did after its last row (the plot, the exit) is its finish, not its start-up
+    b = breakdown(ROWS, process_s=10.0, finish_s=1.25)
+    assert b["startup_s"] == pytest.approx(1.75) and b["finish_s"] == 1.25 and b["loop_s"] == 7.0
+    assert "| finish (last checkpoint, summary, plots, exit) | 1.25 | 12 %" in table(b)
 
 
 def test_breakdown_refuses_a_run_without_rows():
