@@ -21,8 +21,7 @@ pairs per second (BUILD_NOTES).  These settings are ``rlhp_jax.presets.ATARI`` (
 
 from __future__ import annotations
 
-import sys
-
+from experiments import cli
 from experiments.cli import Domain, main as cli_main
 
 DOMAIN = Domain(prog="python -m experiments.atari", doc=__doc__, backend="atari", default_env="Pong")
@@ -33,4 +32,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_script(main())

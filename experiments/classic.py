@@ -18,8 +18,7 @@ field it is named after.
 
 from __future__ import annotations
 
-import sys
-
+from experiments import cli
 from experiments.cli import Domain, main as cli_main
 
 DOMAIN = Domain(prog="python -m experiments.classic", doc=__doc__, backend="gymnax", default_env="CartPole-v1")
@@ -30,4 +29,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_script(main())

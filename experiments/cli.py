@@ -49,11 +49,12 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import gc
 import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # fields set by the flags that are no field, or by none
 NOT_FLAGS = ("env", "total_steps", "labels", "seed", "agent", "agent_config", "reward_source", "label_source",
@@ -447,6 +448,18 @@ def add_compile_cache_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile-cache", action="store_true",
                    help=f"compile every program afresh instead of loading it from JAX's persistent cache "
                         f"({compile_cache.default_directory()}, or ${compile_cache.ENV}; =off turns it off too)")
+
+
+def exit_script(code: int | None) -> NoReturn:
+    """``sys.exit(code)`` for an entry point run as a script, without the interpreter's last
+    garbage collections walking every object the run still holds (traced programs, XLA
+    executables, the label set): ``gc.freeze()`` first.  Exit handlers and module teardown still
+    run; only cyclic garbage is left to the process's end, so a run closes what it writes before
+    it returns (the driver closes its metrics, checkpoints, event files and label store).  The
+    README job's exit took 0.9-1.3 s, 0.3-0.5 s with this (2-core Xeon; BUILD_NOTES).  Not for
+    ``main()`` called in a longer-lived process (the tests): frozen objects are never collected."""
+    gc.freeze()
+    sys.exit(code)
 
 
 def start_compile_cache(args: argparse.Namespace) -> None:

@@ -25,8 +25,7 @@ it is named after.
 
 from __future__ import annotations
 
-import sys
-
+from experiments import cli
 from experiments.cli import Domain, main as cli_main
 
 DOMAIN = Domain(prog="python -m experiments.mujoco", doc=__doc__, backend="mujoco", default_env="HalfCheetah")
@@ -37,4 +36,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_script(main())

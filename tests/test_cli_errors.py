@@ -8,8 +8,9 @@ and no file created or changed.
   usable demo set, and corrupted ``config.json`` files of runs (``--resume``) give ``error: ...``,
   never a traceback and never a changed file.
 * ``python -m experiments.bench_cnn`` with counts below one: one line, exit status 2.
+* the training entry points, run as scripts, exit with that status through ``cli.exit_script``.
 
-Everything runs in-process except two subprocess checks of the real entry points; nothing here
+Everything runs in-process except a few subprocess checks of the real entry points; nothing here
 trains or compiles (a corrupted config that the CLI accepted would fail the test instead of training).
 """
 
@@ -467,3 +468,18 @@ def test_the_cnn_benchmark_refuses_counts_below_one(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench_cnn.main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["classic", "atari", "mujoco"])
+def test_the_training_entry_points_leave_through_exit_script(module, tmp_path):
+    """Run as scripts, they exit with main()'s status through ``cli.exit_script``: the objects
+    alive at the end are frozen (the interpreter's last collections skip them), and the exit
+    handlers still run.  A ``sitecustomize`` on the path reports both from an exit handler."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, gc\n"
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0, flush=True))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", "--env", "Nope"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Unknown environment 'Nope'" in proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "frozen at exit: True"
