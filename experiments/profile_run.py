@@ -128,8 +128,7 @@ def table(b: dict) -> str:
         med = "—" if c["median_ms"] is None else f"{c['median_ms']:.1f} ms"
         lines.append(f"| {name} | {c['total_s']:.2f} | {pct(c['total_s'])} | {c['first_s']:.2f} | {med} |")
     lines.append(f"| other (initial labels, pretraining, checkpoints, writing) | {b['other_s']:.2f} | {pct(b['other_s'])} | | |")
-    finish = b.get("finish_s", 0.0)
-    lines.append(f"| finish (last checkpoint, summary, plots, exit) | {finish:.2f} | {pct(finish)} | | |")
+    lines.append(f"| finish (last checkpoint, summary, plots, exit) | {b['finish_s']:.2f} | {pct(b['finish_s'])} | | |")
     if b.get("programs"):
         lines += ["", programs_text(b["programs"])]
     return "\n".join(lines)
