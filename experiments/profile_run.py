@@ -25,8 +25,8 @@ fetched from the device, ``eval`` = evaluation episodes; Ibarz's protocol has it
 * the run's compiled programs (read from JAX's ``JAX_LOG_COMPILES`` lines, which the run writes
   to its stderr and this script keeps off the screen): how many were traced, lowered, compiled
   and loaded from the persistent cache, the seconds of each stage, and the programs that cost
-  most.  Every program is traced and lowered at every start, cached or not; a run with many
-  programs pays for them even warm.
+  most.  Every program is traced at every start, cached or not, and those not built with
+  ``compile_cache.jit`` are lowered again too; a run with many programs pays for them even warm.
 
 So the next bottleneck is on one screen.  Record findings in BUILD_NOTES.md with the device.
 """

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
+from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config import RunConfig
 from rlhp_jax.loop import RunParts, TrainState, chunk_keys, query_chunks, step_keys
@@ -75,8 +76,8 @@ class PreferenceRun:
     def _build_functions(self):
         parts, cfg = self.parts, self.cfg
         if self.iteration_loop == "host":  # a CNN policy on CPU: the K updates as a host loop (see loop.py)
-            update_jit, finish_jit, keys_jit = jax.jit(parts.one_update), jax.jit(parts.finish), \
-                jax.jit(parts.update_keys)
+            update_jit, finish_jit, keys_jit = program(parts.one_update), program(parts.finish), \
+                program(parts.update_keys)
 
             def host_iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
                 carry, outs = (agent_state, env_state, obs, ens_state, reward_scale), []
@@ -87,16 +88,16 @@ class PreferenceRun:
 
             self.compiled_iteration = host_iteration
         else:
-            self.compiled_iteration = jax.jit(parts.iteration)
-        self._rollout_only = jax.jit(parts.rollout_only)
-        self._candidates = jax.jit(parts.candidates, static_argnums=4)
-        self._add = jax.jit(labels_lib.add_labels)
+            self.compiled_iteration = program(parts.iteration)
+        self._rollout_only = program(parts.rollout_only)
+        self._candidates = program(parts.candidates, static_argnums=4)
+        self._add = program(labels_lib.add_labels)
         self._fit = self.ensemble.fitter(block=self.fit_steps)  # pretraining in blocks of an iteration's fit
-        self._evaluate_ensemble = jax.jit(self.ensemble.evaluate)
-        self._correlation = jax.jit(parts.correlation)
-        self._falls = jax.jit(parts.fall_diagnostics)
-        self._score = jax.jit(parts.score_episodes)
-        self._progress_metrics = jax.jit(parts.progress_metrics)
+        self._evaluate_ensemble = program(self.ensemble.evaluate)
+        self._correlation = program(parts.correlation)
+        self._falls = program(parts.fall_diagnostics)
+        self._score = program(parts.score_episodes)
+        self._progress_metrics = program(parts.progress_metrics)
         if self.can_evaluate:
             env, agent = self.env, self.agent
             # public with compiled_iteration: the diagnostics train fresh agents with the run's own

@@ -43,6 +43,7 @@ import numpy as np
 from flax import struct
 
 from rlhp_jax import labels as labels_lib
+from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy, preference_probability,
                                   segment_returns, target_return_loss)
 from rlhp_jax.core import loop_body_is_slow, missing_like, sample_indices, weight_l2
@@ -417,7 +418,7 @@ class RewardEnsemble:
             return self.config.fit_loop
         return "host" if loop_body_is_slow(self.spec.kind, backend) else "scan"
 
-    def fitter(self, jit=jax.jit, block: int | None = None):
+    def fitter(self, jit=program, block: int | None = None):
         """A compiled ``fit(state, buffer, key, num_steps)`` with the same results either way:
         the whole scan as one program, or a host loop over one compiled ``train_step``.
 

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
+from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.agents.dqfd import DQfD
 from rlhp_jax.config import IbarzConfig
 from rlhp_jax.core import episode_ends
@@ -178,16 +179,16 @@ class IbarzRun:
             rewards = rewards_of(rm_state, batch["obs"][:, :n], batch["action"][:, :n])
             return agent.loss(agent_state.params, agent_state.target_params, batch, rewards)[1][1]
 
-        self.act_step = jax.jit(act_step)
-        self._learn = jax.jit(learn)
-        self._td_error = jax.jit(td_error)
-        self.rewards = jax.jit(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
+        self.act_step = program(act_step)
+        self._learn = program(learn)
+        self._td_error = program(td_error)
+        self.rewards = program(lambda s, o, a: rewards_of(s, o[:, None], a[:, None])[:, 0])
         # A.4's pretraining (50,000 batches) in blocks of an iteration's fit (6,250): one program for
         # both, the same steps (``RewardEnsemble.fitter``)
         self._fit = rm.fitter(block=cfg.rm_batches_per_iteration or None)
-        self._add = jax.jit(labels_lib.add_labels)
+        self._add = program(labels_lib.add_labels)
         # the lowest loss any model could reach on the buffer's labels (Ibarz C, Fig. 7)
-        self._label_bound = jax.jit(lambda buf: label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled))
+        self._label_bound = program(lambda buf: label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled))
 
     # ------------------------------------------------------------------ pieces of the protocol
     def _learn_steps(self, num: int, demo_only: bool, desc: str):
@@ -464,7 +465,7 @@ class IbarzRun:
         key = jax.random.PRNGKey(cfg.seed)
         key, k_agent, k_rm, k_env = jax.random.split(key, 4)
         self.agent_state = self.agent.init(k_agent)
-        self.rm_state = jax.jit(self.rm.init)(k_rm)
+        self.rm_state = program(self.rm.init)(k_rm)
         self.env_state, self.obs = self.env.reset(k_env)
         self.key = key
         self.rng = np.random.default_rng(cfg.seed)

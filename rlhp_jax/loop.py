@@ -75,6 +75,7 @@ import numpy as np
 from flax import struct
 
 from rlhp_jax import agents as agents_lib
+from rlhp_jax.compile_cache import jit as program
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.labels import bucket
 from rlhp_jax import queries
@@ -281,13 +282,13 @@ class RunParts:
             return (self.agent.init(k_agent), self.ensemble.init(k_ens),
                     self.ensemble.empty_buffer(self.label_capacity, self.seg_len))
 
-        return jax.jit(new_models)
+        return program(new_models)
 
     @functools.cached_property
     def _reset(self):
         """The environments' reset: one compiled program for a pure-JAX task (op by op, ~10), as it is
         for envpool's emulators, which step outside any program."""
-        return jax.jit(self.env.reset) if self.can_evaluate else self.env.reset
+        return program(self.env.reset) if self.can_evaluate else self.env.reset
 
     def query_counts(self) -> tuple[int, np.ndarray]:
         """The label schedule as counts, as the driver asks the synthetic oracle: (labels asked
@@ -334,7 +335,7 @@ class RunParts:
         member rewards, (queries key, fit key))."""
         rollout_only = self.rollout_only if rollout_only is None else rollout_only
         if self.initial_blocks > 1:
-            rollout_only = jax.jit(self.long_rollout)
+            rollout_only = program(self.long_rollout)
         key, k_roll, k_q, k_fit = jax.random.split(state.key, 4)
         env_state, obs, rollout, member_r = rollout_only(state.agent, state.env_state, state.obs, state.ensemble,
                                                          k_roll)

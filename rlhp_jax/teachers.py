@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax.labels import SegmentPairs
+from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.preferences import check_labels, is_concrete
 
 
@@ -150,7 +151,7 @@ class OracleTeacher:
     def __init__(self, teacher: SyntheticTeacher):
         self.teacher = teacher
         self.responses = 0
-        self._label = jax.jit(self._label_first)
+        self._label = program(self._label_first)
         self._answers: list[Answers] = []
 
     def _label_first(self, key, pairs: SegmentPairs, take):

@@ -38,6 +38,7 @@ import numpy as np
 from flax import struct
 
 from rlhp_jax.config_fields import check_ranges, conform_fields, field_types
+from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.core import EnvSpec, VecEnv
 from rlhp_jax.rollout import collect_rollout
 from rlhp_jax.core import Rollout, clip_action
@@ -254,7 +255,7 @@ class ActorCriticAgent:
         self.config = config
         self.total_updates = total_updates
         self.pi = Policy(spec, config.hidden_sizes, config.activation, config.log_std_init, config.network)
-        self._init_jit = jax.jit(self._init)
+        self._init_jit = program(self._init)
 
     def init(self, key: jax.Array) -> AgentState:
         return self._init_jit(key)  # jitted: eager flax init (orthogonal QR etc.) is slow on CPU
