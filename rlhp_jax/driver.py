@@ -100,9 +100,12 @@ class PreferenceRun:
         self._progress_metrics = program(parts.progress_metrics)
         if self.can_evaluate:
             env, agent = self.env, self.agent
+
+            def evaluate_policy(params, key):
+                return evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
+
             # public with compiled_iteration: the diagnostics train fresh agents with the run's own
-            self.evaluate_policy = lambda params, key: evaluate(env, agent, params, key, cfg.eval_episodes,
-                                                                self.spec.horizon)
+            self.evaluate_policy = program(evaluate_policy)
 
     # ------------------------------------------------------------------ labels
     def _teacher(self, out: Path) -> Teacher:
