@@ -24,11 +24,11 @@ stored, however fast it compiles (a run's few dozen small ones add up to seconds
 compile time would also make what is stored depend on the machine's load).
 
 JAX keys its cache by the lowered program, so even a warm start traces every program and lowers
-it to StableHLO before it can look it up: on the README's job that was ~5 s of a ~15 s warm run on
-a 2-core CPU (BUILD_NOTES, "Traced programs").  :func:`jit` adds a tier in front of that for the
-host driver's programs: the traced program (its jaxpr, printed, and its constants' bytes) keys a
-serialized ``jax.export`` of its lowering, stored beside JAX's entries (``-exported``, bounded with
-them).  A hit skips the lowering; the deserialized program is the same StableHLO, so a run's
+it to StableHLO before it can look it up: on the README's job the lowering alone was ~2.6 s of a
+~15 s warm run on a 2-core CPU (BUILD_NOTES, "Traced programs").  :func:`jit` adds a tier in front
+of that for the host driver's programs: the traced program (its jaxpr, printed, and the bytes of
+every array it holds) keys a serialized ``jax.export`` of its lowering, stored beside JAX's entries
+(``-exported``, bounded with them).  A hit skips the lowering; the deserialized program is the same StableHLO, so a run's
 results are the same to the bit.  Nothing outside the traced program enters it (no source hash,
 no config): a program that computes anything differently traces to a different jaxpr, and what
 lowering depends on besides the jaxpr (JAX's version, the backend and device, JAX's options) is
