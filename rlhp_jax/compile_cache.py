@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -142,6 +141,9 @@ def jit(fn: Callable, *, static_argnums: int | tuple[int, ...] = ()) -> "Program
     return Program(fn, static_argnums)
 
 
+_UNBUILT = object()
+
+
 class Program:
     """See :func:`jit`.  One compiled callable per call signature (the static arguments, the
     arguments' tree and each leaf's shape, dtype and weak type), built at its first call."""
@@ -168,9 +170,9 @@ class Program:
         signature = _signature(statics, tree, leaves)
         if signature is None:  # a tracer (called inside another program) or an unhashable static
             return self._jit(*args)
-        if signature not in self._built:
-            self._built[signature] = self._build(statics, tree, leaves, len(args))
-        built = self._built[signature]
+        built = self._built.get(signature, _UNBUILT)
+        if built is _UNBUILT:
+            built = self._built[signature] = self._build(statics, tree, leaves, len(args))
         if built is None:  # not exportable: plain jax.jit
             return self._jit(*args)
         call, out_tree = built
@@ -303,13 +305,11 @@ def _load(path: Path, num_outputs: int):
 def _store(path: Path, blob: bytes) -> None:
     """Write ``blob`` whole or not at all (a temporary file renamed into place), so a reader never
     meets half an entry; a failed write (a full disk, a directory removed meanwhile) leaves the run
-    as it was."""
+    as it was.  No fsync: an entry lost to a crash costs one lowering, never a wrong program."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as f:
-            temporary = f.name
-            f.write(blob)
+        temporary.write_bytes(blob)
         os.replace(temporary, path)
     except OSError as e:
         _log.debug("not stored %s: %s", path, e)
-        if "temporary" in locals():
-            Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
