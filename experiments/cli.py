@@ -467,8 +467,8 @@ def start_compile_cache(args: argparse.Namespace) -> None:
     ``--no-compile-cache``."""
     from rlhp_jax import compile_cache
 
-    if not args.no_compile_cache:
-        compile_cache.enable()
+    if not args.no_compile_cache:  # the executables this command's last run used are read ahead
+        compile_cache.enable(workload=f"{sys.argv[0]} {getattr(args, 'resume', None) or getattr(args, 'env', '')}")
 
 
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

@@ -27,19 +27,28 @@ JAX keys its cache by the lowered program, so even a warm start traces every pro
 it to StableHLO before it can look it up: on the README's job the lowering alone was ~2.6 s of a
 ~15 s warm run on a 2-core CPU (BUILD_NOTES, "Traced programs").  :func:`jit` adds a tier in front
 of that for the host driver's programs: the traced program (its jaxpr, printed, and the bytes of
-every array it holds) keys a serialized ``jax.export`` of its lowering, stored beside JAX's entries
-(``-exported``, bounded with them).  A hit skips the lowering; the deserialized program is the same StableHLO, so a run's
-results are the same to the bit.  Nothing outside the traced program enters it (no source hash,
-no config): a program that computes anything differently traces to a different jaxpr, and what
-lowering depends on besides the jaxpr (JAX's version, the backend and device, JAX's options) is
-in the key too.  A program that cannot be exported (a host callback) runs as plain ``jax.jit``.
+every array it holds) keys the serialized executable compiled from it, stored beside JAX's entries
+(``-executable``, bounded with them).  A hit skips the lowering, JAX's own key and its cache read:
+the executable is loaded as it was stored, so a run's results are the same to the bit.  Nothing
+outside the traced program enters the key (no source hash, no config): a program that computes
+anything differently traces to a different jaxpr, and what compiling depends on besides the jaxpr
+(JAX's version, the backend, its devices and the CPU's features, ``XLA_FLAGS``, JAX's options) is in
+the key too.  A program whose executable another process could not run as it is (a host callback, an
+effect, an envpool environment's custom call) is compiled and run, but not kept.  Like JAX's own entries, a stored executable is machine code this process will
+run: the cache directory must be writable by its user alone (the default, under ``~/.cache``, is).
 """
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
+import functools
 import hashlib
+import io
 import logging
 import os
+import re
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -51,9 +60,14 @@ OFF = ("", "0", "off", "none", "false", "no")
 MAX_BYTES = 2 << 30  # 2 GiB
 PRUNE_TO = 0.75  # a pruned directory keeps this share of MAX_BYTES, so the next starts need not prune again
 ENTRY, STAMP = "-cache", "-atime"  # JAX's names: an entry, and the access stamp its bounded mode writes
-EXPORTED = "-exported"  # this module's entries: a traced program's serialized lowering (see jit)
+EXECUTABLE = "-executable"  # this module's entries: a traced program's serialized executable (see jit)
+EXPORTED = "-exported"  # what earlier versions stored (a serialized lowering): no longer read, pruned first
 _log = logging.getLogger(__name__)
+PROGRAMS = "-programs"  # a workload's list of the entries its last run used, in order (see enable)
 _exports: Path | None = None  # where jit() keeps its entries: the cache's directory once enable() ran
+_workload: Path | None = None  # this process's list of entries used, when enable() was given a workload
+_used: dict[str, None] = {}  # the entries this process used (loaded or stored), in order of first use
+_ahead: dict[str, "concurrent.futures.Future"] = {}  # entries read ahead (see _read_ahead)
 
 
 def default_directory() -> Path:
@@ -71,10 +85,16 @@ def directory() -> Path | None:
     return Path(value).expanduser()
 
 
-def enable(path: str | os.PathLike | None = None) -> Path | None:
+def enable(path: str | os.PathLike | None = None, workload: str | None = None) -> Path | None:
     """Turn the cache on for this process (``path``, else :func:`directory`); returns where it is,
     or None when it stays off (also, with a warning, when the directory cannot be made: a run
-    never fails for want of its cache).  Call before the first compilation."""
+    never fails for want of its cache).  Call before the first compilation.
+
+    ``workload`` names what this process is about to run (an entry point and its task): the
+    executables its last run used are read into memory on a thread from here on, while this
+    process imports, builds its environments and traces, and the list is written again at exit
+    (BUILD_NOTES, "Executables read ahead").  A program whose entry was not read ahead is read
+    when it is first called, as without a workload."""
     import jax
 
     where = Path(path) if path is not None else directory()
@@ -93,6 +113,7 @@ def enable(path: str | os.PathLike | None = None) -> Path | None:
     jax.config.update("jax_compilation_cache_max_size", -1)  # unbounded for JAX: prune() bounds it
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _start_workload(where, workload)
     return where
 
 
@@ -106,7 +127,7 @@ def prune(where: str | os.PathLike, max_bytes: int = MAX_BYTES) -> int:
     try:
         with os.scandir(where) as it:
             for e in it:
-                if not e.name.endswith((ENTRY, EXPORTED)):
+                if not e.name.endswith((ENTRY, EXECUTABLE, EXPORTED, PROGRAMS)):
                     continue
                 try:
                     st = e.stat()
@@ -134,7 +155,7 @@ def prune(where: str | os.PathLike, max_bytes: int = MAX_BYTES) -> int:
 
 # --------------------------------------------------------------------- traced programs
 def jit(fn: Callable, *, static_argnums: int | tuple[int, ...] = ()) -> "Program":
-    """``jax.jit(fn, static_argnums=...)`` whose lowering is kept in the cache (module docstring):
+    """``jax.jit(fn, static_argnums=...)`` whose executable is kept in the cache (module docstring):
     for the host driver's programs, called with arrays (or nested containers of them) as
     positional arguments.  Called while the cache is off, from inside another program, or with
     keyword arguments, it is plain ``jax.jit``; ``lower``, ``trace`` and the rest are jax.jit's."""
@@ -173,17 +194,16 @@ class Program:
         built = self._built.get(signature, _UNBUILT)
         if built is _UNBUILT:
             built = self._built[signature] = self._build(statics, tree, leaves, len(args))
-        if built is None:  # not exportable: plain jax.jit
+        if built is None:  # failed to trace or compile: jax.jit raises the error
             return self._jit(*args)
         call, out_tree = built
         return out_tree.unflatten(call(*leaves))
 
     def _build(self, statics, tree, leaves, nargs):
-        """(compiled callable over the leaves, output tree), or None where the program cannot be
-        exported.  A program that fails to trace returns None too: plain jax.jit then raises the
-        same error, as it would have without this tier."""
+        """(compiled callable over the leaves, output tree), loaded from the cache or compiled and
+        stored (unless :func:`_serialize` refuses it).  None for a program that fails to trace or
+        compile: plain jax.jit then raises the same error, as it would have without this tier."""
         import jax
-        from jax import export as jax_export
 
         out_trees = []
         static = self._static
@@ -197,23 +217,27 @@ class Program:
             return out_leaves
 
         flat.__name__ = flat.__qualname__ = self.__name__
-        jitted = jax.jit(flat)
         try:
-            traced = jitted.trace(*leaves)
-            path = _exports / (program_key(traced.jaxpr) + EXPORTED)
-            exported = _load(path, len(traced.out_info)) if path.exists() else None
-            if exported is None:
-                exported = jax_export.export(jitted)(*leaves)
-                _store(path, exported.serialize())
-        except Exception as e:  # a host callback, an unsupported custom call, a tracing error
+            traced = jax.jit(flat).trace(*leaves)
+            key = program_key(traced.jaxpr)
+            ahead = _ahead.pop(key, None)
+            path = _exports / (key + EXECUTABLE)
+            if ahead is not None and not ahead.cancel():  # being read, or read: wait for it
+                parts = ahead.result()
+            else:  # not read ahead, or not reached yet (then the thread skips it)
+                parts = _read(path) if path.exists() else None
+            compiled = _assemble(parts, traced) if parts is not None else None
+            if compiled is None:
+                compiled, keep = _compile(traced)
+                blob = _serialize(compiled) if keep else None
+                if blob is None:  # runs here, as compiled, but is not kept
+                    return compiled, out_trees[0]
+                _store(path, blob)
+            _used[key] = None
+        except Exception as e:  # a tracing error, a compiler error (jax.jit raises it again)
             _log.debug("program %s runs as plain jax.jit: %s", self.__name__, e)
             return None
-
-        def call(*xs):
-            return exported.call(*xs)
-
-        call.__name__ = call.__qualname__ = self.__name__
-        return jax.jit(call), out_trees[0]
+        return compiled, out_trees[0]
 
 
 def _signature(statics, tree, leaves):
@@ -238,27 +262,59 @@ def _signature(statics, tree, leaves):
     return signature
 
 
-def _lowering_context() -> bytes:
-    """What lowering depends on besides the traced program: JAX's and jaxlib's versions, the
-    backend and its device kind, and every JAX option except those that only log, profile or name
-    caches (an option left in costs a miss, never a wrong program).  Read at each key: an option
-    may change while a process runs."""
+def _compile_context() -> bytes:
+    """What compiling depends on besides the traced program: JAX's and jaxlib's versions, every JAX
+    option except those that only log, profile or name caches (an option left in costs a miss, never
+    a wrong program), and :func:`_machine`.  Read at each key: an option may change while a
+    process runs."""
     import jax
-    import jaxlib
 
     quiet = ("log", "cache", "traceback", "explain", "profil", "pgle", "topology_timeout", "mock_gpu")
     options = sorted((k, repr(v)) for k, v in jax.config.values.items() if not any(q in k for q in quiet))
-    return repr((jax.__version__, jaxlib.__version__, jax.default_backend(), jax.devices()[0].device_kind,
-                 options)).encode()
+    return repr((_machine(), options)).encode()
+
+
+@functools.cache
+def _machine() -> tuple:
+    """What an executable is compiled for, as JAX's own key has it and more: the versions, the
+    backend (platform, its version, the devices' kind, count and topology), the compiler's flags
+    (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``) and, on a CPU, the instruction-set extensions the host
+    reports (XLA compiles for the host it runs on: a cache shared by two kinds of machine must not
+    hand one the other's code).  Fixed once the backend is up, so read once per process."""
+    import jax
+    import jaxlib
+
+    devices = jax.devices()
+    client = devices[0].client
+    try:
+        from jax._src.lib import xla_client
+
+        topology = xla_client.get_topology_for_devices(devices).fingerprint()
+    except Exception:  # a backend without a serialized topology: the devices stand for it
+        topology = None
+    cpu_flags = ""
+    if client.platform == "cpu":
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu_flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+        except OSError:
+            import platform
+
+            cpu_flags = platform.processor() or platform.machine()
+    return (jax.__version__, jaxlib.__version__, client.platform, client.platform_version,
+            devices[0].device_kind, len(devices), topology, os.environ.get("XLA_FLAGS", ""),
+            os.environ.get("LIBTPU_INIT_ARGS", ""), cpu_flags)
 
 
 def program_key(closed_jaxpr) -> str:
     """The cache key of a traced program: its jaxpr as JAX prints it (every equation with its
-    parameters, the arguments' and results' types, scalar literals' values), the dtype, shape and
+    parameters, the arguments' and results' types, scalar literals' values), the arguments' and
+    results' abstract values (their weak types are not printed), the dtype, shape and
     bytes of every array it holds that the print elides (its constants, those of the programs
-    nested in it, array literals and array parameters), and :func:`_lowering_context`."""
-    h = hashlib.sha256(_lowering_context())
+    nested in it, array literals and array parameters), and :func:`_compile_context`."""
+    h = hashlib.sha256(_compile_context())
     h.update(str(closed_jaxpr.jaxpr).encode())
+    h.update(repr((closed_jaxpr.in_avals, closed_jaxpr.out_avals)).encode())  # weak types: not printed above
     for c in _arrays_in(closed_jaxpr):
         a = np.asarray(c)
         h.update(f"{a.dtype}{a.shape}".encode())
@@ -289,17 +345,144 @@ def _arrays_in(value):
         yield value
 
 
-def _load(path: Path, num_outputs: int):
-    """The exported program stored at ``path``, or None if it cannot be read back whole (another
-    process pruning or writing it, a different serialization): the caller exports it again."""
-    from jax import export as jax_export
+_LAPACK = re.compile(r"lapack_\w+_ffi")  # XLA:CPU's LAPACK calls (QR for orthogonal initializers)
+_HEADER = {False: b"rlhp-exec-1\n", True: b"rlhp-exec-1 lapack\n"}  # needs LAPACK loaded before it runs?
+
+
+_compiling = threading.local()  # whether this thread's compilation was served by JAX's cache
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+def _compile(traced):
+    """(the program compiled, whether it can be kept).  Compiled past JAX's persistent cache: an
+    executable JAX loads from its cache serializes without its kernels (a fresh process then fails
+    with "Function ... not found"), and an entry of JAX's beside this module's would only double
+    the disk the program takes.  JAX decides once per process whether it uses its cache
+    (``compilation_cache._cache_used``); that decision is set aside for this one compilation
+    (another thread compiling meanwhile would miss JAX's cache once).  Should a JAX version move
+    it, JAX's cache hits are still seen (its monitoring events) and such an executable is run but
+    not kept."""
+    import jax
+    from jax._src import compilation_cache as jax_cache
+
+    if not getattr(_compile, "listening", False):
+        jax.monitoring.register_event_listener(
+            lambda event, **_: setattr(_compiling, "hit", True) if event == _CACHE_HIT else None)
+        _compile.listening = True
+    lowered = traced.lower()
+    _compiling.hit = False
+    jax_cache.is_cache_used(jax.devices()[0].client)  # JAX's decision, made now if not yet
+    used = getattr(jax_cache, "_cache_used", None)
+    if used is not None:
+        jax_cache._cache_used = False
+    try:
+        compiled = lowered.compile()
+    finally:
+        if used is not None:
+            jax_cache._cache_used = used
+    return compiled, not _compiling.hit
+
+
+def _serialize(compiled) -> bytes | None:
+    """The executable's bytes, or None where loading them into another process would not give the
+    same program: one that calls back into this process (host callbacks, effects, objects it keeps
+    alive), mutates its arguments, or calls a custom call other than XLA's TopK and LAPACK (an
+    envpool environment's calls are named after its object's address in the process that built it).
+    LAPACK's routines are bound when a program using them is lowered, so an entry that calls them
+    says so, and :func:`_load` binds them first (a call into an unbound one crashes the process)."""
+    from jax.experimental import serialize_executable
+
+    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+    if unloaded is None or unloaded.host_callbacks or unloaded.keepalive or unloaded.ordered_effects \
+            or unloaded.unordered_effects or getattr(unloaded, "mut", None) is not None:
+        return None
+    calls = set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
+    if any(c != "TopK" and not _LAPACK.fullmatch(c) for c in calls):
+        return None
+    try:
+        blob, _, _ = serialize_executable.serialize(compiled)
+    except Exception as e:  # NotImplementedError (constants as arguments), a backend without it
+        _log.debug("not serializable: %s", e)
+        return None
+    return _HEADER[any(_LAPACK.fullmatch(c) for c in calls)] + blob
+
+
+def _read(path: Path):
+    """The executable stored at ``path``, loaded (the parts :func:`_assemble` makes a program of),
+    or None if it cannot be read back whole (another process pruning or writing it, another
+    format): the caller compiles it again.  Safe on any thread."""
+    from jax.experimental import serialize_executable
+    import jax
 
     try:
-        exported = jax_export.deserialize(bytearray(path.read_bytes()))
+        data = path.read_bytes()
+        header = next(h for h in _HEADER.values() if data.startswith(h))
+        if header == _HEADER[True]:
+            from jax._src.lax import linalg
+
+            linalg.initialize_lapack()
+        backend = jax.devices()[0].client
+        unloaded, args_info_flat, no_kwargs = serialize_executable._JaxPjrtUnpickler(
+            io.BytesIO(memoryview(data)[len(header):]), backend).load()
+        return unloaded.load(), args_info_flat, no_kwargs
     except Exception as e:
         _log.debug("unreadable %s: %s", path, e)
         return None
-    return exported if len(exported.out_avals) == num_outputs else None
+
+
+def _assemble(parts, traced):
+    """The program ``traced`` as the loaded executable ``parts`` (``serialize_executable.
+    deserialize_and_load``'s last step), or None if the executable's results are not the traced
+    program's."""
+    import jax
+
+    loaded, args_info_flat, no_kwargs = parts
+    try:
+        compiled = jax.stages.Compiled(loaded, [], traced.in_tree.unflatten(args_info_flat), traced.out_tree,
+                                       no_kwargs=no_kwargs)
+    except Exception as e:
+        _log.debug("not the traced program: %s", e)
+        return None
+    described = lambda info: [(a.shape, a.dtype) for a in jax.tree.leaves(info)]
+    return compiled if described(compiled.out_info) == described(traced.out_info) else None
+
+
+# --------------------------------------------------------------------- reading ahead
+def _start_workload(where: Path, workload: str | None) -> None:
+    """Read ahead, on a thread, the entries ``workload``'s last run used (its ``-programs`` list),
+    in the order it used them; the list is written again at exit.  A second call (tests start
+    several runs in one process) writes the previous workload's list first."""
+    global _workload
+    _finish_workload()
+    _used.clear()
+    _ahead.clear()
+    if workload is None:
+        return
+    _workload = where / (hashlib.sha256(workload.encode()).hexdigest()[:40] + PROGRAMS)
+    try:
+        keys = [k for k in _workload.read_text().split() if len(k) == 64]
+    except (OSError, UnicodeDecodeError):
+        keys = []
+    futures = [(k, _ahead.setdefault(k, concurrent.futures.Future())) for k in keys]
+
+    def read_all():
+        for key, future in futures:
+            if not threading.main_thread().is_alive():  # the process is exiting
+                return
+            if future.set_running_or_notify_cancel():  # else the program read it itself
+                future.set_result(_read(where / (key + EXECUTABLE)))
+
+    if futures:
+        threading.Thread(target=read_all, name="compile_cache-read-ahead", daemon=False).start()
+
+
+@atexit.register
+def _finish_workload() -> None:
+    """Write the workload's list of entries used, if this process used any."""
+    global _workload
+    if _workload is not None and _used:
+        _store(_workload, ("\n".join(_used) + "\n").encode())
+    _workload = None
 
 
 def _store(path: Path, blob: bytes) -> None:

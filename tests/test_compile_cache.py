@@ -1,6 +1,7 @@
 """JAX's persistent compilation cache for the entry points (rlhp_jax/compile_cache.py): where it is,
 how it is turned off, that a second run loads every program from it and computes the same, and
-the traced programs' tier in front of it (``compile_cache.jit``)."""
+the traced programs' executables kept in front of it (``compile_cache.jit``), read ahead for a workload
+run again."""
 
 from __future__ import annotations
 
@@ -57,12 +58,14 @@ def _entries(cache: Path, kind: str = compile_cache.ENTRY) -> set[str]:
 def test_a_second_run_loads_every_program_and_computes_the_same(tmp_path):
     cache = tmp_path / "cache"
     _run(tmp_path / "first", cache)
-    stored, exported = _entries(cache), _entries(cache, compile_cache.EXPORTED)
+    stored, kept = _entries(cache), _entries(cache, compile_cache.EXECUTABLE)
     assert stored, "the first run stored no program"
-    assert len(exported) >= 10, exported  # the driver's programs, traced and kept lowered
+    assert len(kept) >= 10, kept  # the driver's programs, traced and their executables kept
+    (listed,) = cache.glob(f"*{compile_cache.PROGRAMS}")  # what to read ahead next time
+    assert set(listed.read_text().split()) == {name[: -len(compile_cache.EXECUTABLE)] for name in kept}
     _run(tmp_path / "second", cache)
     assert _entries(cache) == stored  # every program of the second run came from the cache
-    assert _entries(cache, compile_cache.EXPORTED) == exported  # and every traced one found its lowering
+    assert _entries(cache, compile_cache.EXECUTABLE) == kept  # and every traced one found its executable
     difference, rounding = compare(read_rows(tmp_path / "first"), read_rows(tmp_path / "second"))
     assert difference is None and rounding == {}
 
@@ -158,35 +161,38 @@ def _state_step(state, x, scale):
 STATE = {"w": jnp.arange(6.0).reshape(2, 3), "n": jnp.int32(4)}
 
 
+def _compiles(monkeypatch) -> list:
+    """Every compilation of a traced program from here on (jax.jit's own calls do not go through
+    ``Traced.lower``)."""
+    calls = []
+    lower = jax.stages.Traced.lower
+    monkeypatch.setattr(jax.stages.Traced, "lower", lambda self, *a, **k: calls.append(1) or lower(self, *a, **k))
+    return calls
+
+
 def test_a_traced_program_is_kept_and_its_copy_computes_what_jit_computes(exports, monkeypatch):
     want = jax.jit(_state_step, static_argnums=2)(STATE, jnp.float32(0.5), 3.0)
     got = compile_cache.jit(_state_step, static_argnums=2)(STATE, jnp.float32(0.5), 3.0)
-    assert len(_entries(exports, compile_cache.EXPORTED)) == 1
+    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 1
     chex_equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
     chex_equal(got, want)
     assert jax.tree.structure(got) == jax.tree.structure(want)
 
-    from jax import export as jax_export
-
-    def no_lowering(*a, **k):
-        raise AssertionError("exported again: the kept lowering was not found")
-
-    monkeypatch.setattr(jax_export, "export", no_lowering)
+    compiles = _compiles(monkeypatch)
     again = compile_cache.jit(_state_step, static_argnums=2)  # another process's program object
     chex_equal(again(STATE, jnp.float32(0.5), 3.0), want)
+    assert compiles == [] and None not in again._built.values()  # loaded, not compiled nor plain jit
     # another static value or shape is another program
-    monkeypatch.undo()
-    monkeypatch.setattr(compile_cache, "_exports", exports)
     chex_equal(again(STATE, jnp.float32(0.5), 2.0), jax.jit(_state_step, static_argnums=2)(STATE, jnp.float32(0.5), 2.0))
     wide = {"w": jnp.ones((2, 4)), "n": jnp.int32(0)}
     chex_equal(again(wide, jnp.float32(1.0), 2.0), _state_step(wide, jnp.float32(1.0), 2.0))
-    assert len(_entries(exports, compile_cache.EXPORTED)) == 3
+    assert len(compiles) == 2 and len(_entries(exports, compile_cache.EXECUTABLE)) == 3
 
 
 @pytest.mark.parametrize("kind", ["array", "array literal", "scalar"])
 def test_programs_that_differ_only_in_what_they_capture_are_different_entries(exports, kind):
     """What a closure captures is in the traced program (a constant's bytes, a literal's value), so
-    a program built around other data never finds this one's lowering.  (With JAX's simplified
+    a program built around other data never finds this one's executable.  (With JAX's simplified
     constants an array is a literal that the jaxpr prints as "[...]".)"""
     base = np.linspace(0.0, 1.0, 5, dtype=np.float32)
     if kind.startswith("array"):
@@ -205,10 +211,19 @@ def test_programs_that_differ_only_in_what_they_capture_are_different_entries(ex
         outs = [np.asarray(compile_cache.jit(make(c))(x)) for c in captured]
     finally:
         jax.config.update("jax_use_simplified_jaxpr_constants", previous)
-    assert len(_entries(exports, compile_cache.EXPORTED)) == 2
+    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 2
     for c, out in zip(captured, outs):
         np.testing.assert_array_equal(out, np.asarray(jax.jit(make(c))(x)))
     assert not np.array_equal(outs[0], outs[1])
+
+
+def test_a_weakly_typed_argument_is_another_entry(exports):
+    """``y * 2`` prints the same jaxpr for a Python float and a float32; its result is weakly typed
+    for the first only, which changes how later arithmetic promotes it."""
+    double = lambda y: y * 2
+    for arg in (2.0, jnp.float32(2.0), 3.0):
+        got = compile_cache.jit(double)(arg)  # a fresh program object each time: from the entries
+        assert got.aval == jax.jit(double)(arg).aval, arg
 
 
 def test_a_program_with_a_host_callback_runs_as_plain_jit(exports):
@@ -219,18 +234,105 @@ def test_a_program_with_a_host_callback_runs_as_plain_jit(exports):
         return x * 2
 
     np.testing.assert_array_equal(compile_cache.jit(noisy)(jnp.ones(3)), 2 * np.ones(3))
-    assert seen == [3.0] and not _entries(exports, compile_cache.EXPORTED)
+    assert seen == [3.0] and not _entries(exports, compile_cache.EXECUTABLE)
 
 
-def test_an_unreadable_entry_is_lowered_again_and_replaced(exports):
+def test_an_unreadable_entry_is_compiled_again_and_replaced(exports):
     f = lambda x: jnp.cumsum(x) - 1
     x = jnp.arange(4.0)
     compile_cache.jit(f)(x)
-    (entry,) = exports.glob(f"*{compile_cache.EXPORTED}")
-    entry.write_bytes(entry.read_bytes()[:40])  # a writer killed mid-file, or another format
-    np.testing.assert_array_equal(compile_cache.jit(f)(x), jnp.cumsum(x) - 1)
-    assert compile_cache._load(entry, 1) is not None  # written whole again
+    (entry,) = exports.glob(f"*{compile_cache.EXECUTABLE}")
+    whole = entry.read_bytes()
+    for broken in (whole[:40], whole[len(b"rlhp-exec-1"):], b"\x00" * 100):  # cut short, another format
+        entry.write_bytes(broken)
+        np.testing.assert_array_equal(compile_cache.jit(f)(x), jnp.cumsum(x) - 1)
+        assert compile_cache._read(entry) is not None  # written whole again
     assert not list(exports.glob("*.tmp"))
+
+
+def test_kept_programs_compile_past_jax_cache_and_one_jax_served_is_not_kept(exports, monkeypatch):
+    """An executable JAX loads from its own cache serializes without its kernels: kept, it failed in
+    the next process with "Function ... not found".  So a kept program compiles past JAX's cache
+    (the suite's, on since conftest), which then gains no entry of its own for it either; and one
+    JAX's cache did serve (a JAX version that moves the switch) is run but not kept."""
+    salt = float(np.random.default_rng().integers(1 << 20))  # a program no other test compiled
+    x = jnp.linspace(-2.0, 2.0, 7)
+    jax_dir = Path(jax.config.jax_compilation_cache_dir)
+    before = _entries(jax_dir)
+    got = compile_cache.jit(lambda v: jnp.tanh(v).astype(jnp.int32) * 3 + salt)(x)
+    np.testing.assert_array_equal(got, np.tanh(np.asarray(x)).astype(np.int32) * 3 + salt)
+    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 1 and _entries(jax_dir) == before
+
+    compile = jax.stages.Lowered.compile
+
+    def served_by_jax(self, *a, **k):
+        jax.monitoring.record_event(compile_cache._CACHE_HIT)
+        return compile(self, *a, **k)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", served_by_jax)
+    got = compile_cache.jit(lambda v: jnp.cos(v) * 2 + salt)(x)
+    np.testing.assert_allclose(got, np.cos(np.asarray(x)) * 2 + salt, rtol=1e-6)
+    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 1
+
+
+_CUSTOM = 'custom-call(f32[2]{{0}} %p), custom_call_target="{}", api_version=API_VERSION_TYPED_FFI'
+
+
+@pytest.mark.parametrize("targets, stored", [((), True), (("TopK",), True), (("lapack_sgeqrf_ffi", "TopK"), True),
+                                             (("GymHopperGymnasiumEnvPool_139827833410128_recv",), False),
+                                             (("TopK", "xla_python_cpu_callback"), False)])
+def test_only_custom_calls_another_process_can_run_are_kept(exports, monkeypatch, targets, stored):
+    """An envpool environment's custom calls are named after its object in the process that built
+    them; LAPACK's are bound by the lowering of a program that uses them, so an entry says it needs
+    them (a fresh process's call into an unbound one crashed)."""
+    compiled = jax.jit(lambda x: x + 1).trace(jnp.ones(2)).lower().compile()
+    text = compiled.as_text() + "".join(_CUSTOM.format(t) for t in targets)
+    monkeypatch.setattr(type(compiled), "as_text", lambda self: text)
+    blob = compile_cache._serialize(compiled)
+    assert (blob is not None) == stored
+    if stored:
+        assert blob.startswith(compile_cache._HEADER[any(t.startswith("lapack") for t in targets)])
+
+
+def test_a_program_calling_lapack_runs_from_the_cache_in_a_fresh_process(tmp_path):
+    """Flax's orthogonal initializer (the agents' networks) calls LAPACK's QR."""
+    script = (f"import sys, jax, jax.numpy as jnp; from rlhp_jax import compile_cache as c; "
+              f"c._exports = __import__('pathlib').Path({str(tmp_path)!r}); "
+              f"print(float(c.jit(lambda k: jax.nn.initializers.orthogonal()(k, (8, 8)).sum())(jax.random.key(1))))")
+    outs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(proc.stdout.strip())
+    (entry,) = tmp_path.glob(f"*{compile_cache.EXECUTABLE}")
+    assert entry.read_bytes().startswith(compile_cache._HEADER[True]) and outs[0] == outs[1]
+
+
+def test_a_workload_reads_its_last_runs_executables_ahead(exports, monkeypatch):
+    f, g = (lambda x: jnp.sin(x) * 3), (lambda x: jnp.cos(x) + 1)
+    x = jnp.linspace(0.0, 1.0, 5)
+    try:
+        compile_cache._start_workload(exports, "job")
+        compile_cache.jit(f)(x), compile_cache.jit(g)(x)
+        compile_cache._start_workload(exports, None)  # the process ends: its list is written
+        (listed,) = exports.glob(f"*{compile_cache.PROGRAMS}")
+        keys = listed.read_text().split()
+        assert len(keys) == 2 and {k + compile_cache.EXECUTABLE for k in keys} == \
+            _entries(exports, compile_cache.EXECUTABLE)
+        (exports / (keys[1] + compile_cache.EXECUTABLE)).unlink()  # pruned meanwhile: compiled again
+
+        compile_cache._start_workload(exports, "job")  # the next run of it
+        assert [compile_cache._ahead[k].result(timeout=60) is not None for k in keys] == [True, False]
+        monkeypatch.setattr(compile_cache, "_read", lambda path: pytest.fail(f"read again: {path}"))
+        compiles = _compiles(monkeypatch)
+        np.testing.assert_array_equal(compile_cache.jit(f)(x), jnp.sin(x) * 3)
+        assert compiles == []  # read ahead
+        np.testing.assert_array_equal(compile_cache.jit(g)(x), jnp.cos(x) + 1)
+        assert len(compiles) == 1 and (exports / (keys[1] + compile_cache.EXECUTABLE)).exists()
+        compile_cache._start_workload(exports, "another job")  # its own list, none yet: nothing read
+        assert compile_cache._ahead == {} and listed.read_text().split() == keys
+    finally:
+        compile_cache._start_workload(exports, None)
 
 
 def test_inside_another_program_with_keywords_or_with_the_cache_off_it_is_jax_jit(exports, monkeypatch):
@@ -238,19 +340,20 @@ def test_inside_another_program_with_keywords_or_with_the_cache_off_it_is_jax_ji
     outer = jax.jit(lambda x: inner(x) * 2)
     np.testing.assert_array_equal(outer(jnp.ones(2)), 4 * np.ones(2))
     np.testing.assert_array_equal(inner(jnp.ones(2), y=2.0), 3 * np.ones(2))
-    assert not _entries(exports, compile_cache.EXPORTED)  # neither was kept
+    assert not _entries(exports, compile_cache.EXECUTABLE)  # neither was kept
     monkeypatch.setattr(compile_cache, "_exports", None)
     np.testing.assert_array_equal(inner(jnp.ones(2)), 2 * np.ones(2))
-    assert not _entries(exports, compile_cache.EXPORTED)
+    assert not _entries(exports, compile_cache.EXECUTABLE)
     assert inner.lower(jnp.ones(2)).as_text()  # jax.jit's AOT API is there too
 
 
-def test_prune_bounds_exported_programs_with_jax_entries(tmp_path):
+def test_prune_bounds_kept_executables_and_lists_with_jax_entries(tmp_path):
     _fill(tmp_path, [(100, 1, 1), (100, 5, 5)])
-    for name, t in (("old", 2), ("new", 6)):
-        p = tmp_path / f"{name}{compile_cache.EXPORTED}"
+    for name, t, kind in (("old", 2, compile_cache.EXPORTED), ("list", 3, compile_cache.PROGRAMS),
+                          ("older", 4, compile_cache.EXECUTABLE), ("new", 6, compile_cache.EXECUTABLE)):
+        p = tmp_path / f"{name}{kind}"
         p.write_bytes(b"x" * 100)
         os.utime(p, (t, t))
-    assert compile_cache.prune(tmp_path, 250) == 3  # to 0.75 × 250: the newest entry alone
+    assert compile_cache.prune(tmp_path, 250) == 5  # to 0.75 × 250: the newest entry alone
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(compile_cache.STAMP)) == \
-        [f"new{compile_cache.EXPORTED}"]
+        [f"new{compile_cache.EXECUTABLE}"]
