@@ -35,7 +35,8 @@ anything differently traces to a different jaxpr, and what compiling depends on 
 (JAX's version, the backend, its devices and the CPU's features, ``XLA_FLAGS``, JAX's options) is in
 the key too.  A program whose executable another process could not run as it is (a host callback, an
 effect, an envpool environment's custom call) is compiled and run, but not kept.  Like JAX's own entries, a stored executable is machine code this process will
-run: the cache directory must be writable by its user alone (the default, under ``~/.cache``, is).
+run, so an entry is read only if it belongs to the user running the command and no one else may
+write it.
 """
 
 from __future__ import annotations
@@ -410,12 +411,18 @@ def _serialize(compiled) -> bytes | None:
 def _read(path: Path):
     """The executable stored at ``path``, loaded (the parts :func:`_assemble` makes a program of),
     or None if it cannot be read back whole (another process pruning or writing it, another
-    format): the caller compiles it again.  Safe on any thread."""
+    format) or is not this user's alone (it is machine code, and unpickling it runs code: a file
+    another user owns or can write is never read): the caller compiles it again, and its entry
+    replaces the file.  Safe on any thread."""
     from jax.experimental import serialize_executable
     import jax
 
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if (hasattr(os, "geteuid") and st.st_uid != os.geteuid()) or st.st_mode & 0o022:
+                raise PermissionError("not this user's alone: another user could have written it")
+            data = f.read()
         header = next(h for h in _HEADER.values() if data.startswith(h))
         if header == _HEADER[True]:
             from jax._src.lax import linalg

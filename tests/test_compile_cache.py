@@ -275,6 +275,20 @@ def test_kept_programs_compile_past_jax_cache_and_one_jax_served_is_not_kept(exp
     assert len(_entries(exports, compile_cache.EXECUTABLE)) == 1
 
 
+def test_an_entry_someone_else_can_write_is_never_loaded(exports, monkeypatch):
+    """A kept executable is machine code, unpickled: one that another user can write (or owns)
+    could be anyone's.  It is compiled again and replaced by this user's own."""
+    f = lambda x: jnp.sqrt(x) + 7
+    x = jnp.arange(3.0)
+    compile_cache.jit(f)(x)
+    (entry,) = exports.glob(f"*{compile_cache.EXECUTABLE}")
+    entry.chmod(0o666)
+    compiles = _compiles(monkeypatch)
+    np.testing.assert_array_equal(compile_cache.jit(f)(x), jnp.sqrt(x) + 7)
+    assert len(compiles) == 1 and not entry.stat().st_mode & 0o022
+    assert compile_cache._read(entry) is not None
+
+
 _CUSTOM = 'custom-call(f32[2]{{0}} %p), custom_call_target="{}", api_version=API_VERSION_TYPED_FFI'
 
 
@@ -345,6 +359,20 @@ def test_inside_another_program_with_keywords_or_with_the_cache_off_it_is_jax_ji
     np.testing.assert_array_equal(inner(jnp.ones(2)), 2 * np.ones(2))
     assert not _entries(exports, compile_cache.EXECUTABLE)
     assert inner.lower(jnp.ones(2)).as_text()  # jax.jit's AOT API is there too
+
+
+def test_the_hosts_key_splits_are_kept_programs_that_split_as_jax_random_does(exports):
+    from rlhp_jax.loop import fold_in, split_keys
+
+    key = jax.random.key(11)
+    for num in (2, 5):
+        want = jax.random.split(key, num)
+        for got in (split_keys(key, num), jax.jit(lambda k: split_keys(k, num))(key)):  # host, in a program
+            assert isinstance(got, tuple) and len(got) == num
+            np.testing.assert_array_equal(jax.random.key_data(jnp.stack(got)), jax.random.key_data(want))
+    np.testing.assert_array_equal(jax.random.key_data(fold_in(key, 3)),
+                                  jax.random.key_data(jax.random.fold_in(key, 3)))
+    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 3  # the host's calls: kept
 
 
 def test_prune_bounds_kept_executables_and_lists_with_jax_entries(tmp_path):
