@@ -35,8 +35,8 @@ from rlhp_jax import labels as labels_lib
 from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config import RunConfig
-from rlhp_jax.loop import RunParts, TrainState, chunk_keys, query_chunks, step_keys
-from rlhp_jax.metrics import finite_or_none, nanmean_or_none, plot_learning_curve, read_jsonl
+from rlhp_jax.loop import RunParts, TrainState, chunk_keys, fold_in, query_chunks, step_keys
+from rlhp_jax.metrics import finite_or_none, import_plotting_ahead, nanmean_or_none, plot_learning_curve, read_jsonl
 from rlhp_jax.runs import continues_from_checkpoint, open_run, write_summary
 from rlhp_jax.teachers import OracleTeacher, Teacher
 
@@ -210,7 +210,7 @@ class PreferenceRun:
             # Christiano A: the first comparisons are of clips from the untrained policy.
             state, rollout, member_r, (k_q, k_fit) = parts.initial_rollout(state, self._rollout_only)
             initial = self.schedule.initial
-            buffer, answered = self._collect(teacher, state.buffer, jax.random.fold_in(k_q, 1))
+            buffer, answered = self._collect(teacher, state.buffer, fold_in(k_q, 1))
             earlier = teacher.responses + teacher.pending()  # people: an earlier start in this directory
             if earlier:
                 self.log(f"reusing {teacher.responses} answers and {earlier - teacher.responses} open pairs "
@@ -219,12 +219,12 @@ class PreferenceRun:
                                         parts.initial_chunk)
             teacher.publish(labels_due=initial, responses=teacher.responses, env_steps=0, total_steps=total_steps,
                             state="waiting for the first labels")
-            buffer, got = self._collect(teacher, buffer, jax.random.fold_in(k_q, 2))
+            buffer, got = self._collect(teacher, buffer, fold_in(k_q, 2))
             answered += got
             last_log, waits = 0.0, 0
             while cfg.wait_for_initial_labels and teacher.responses < initial:
                 waits += 1
-                buffer, got = self._collect(teacher, buffer, jax.random.fold_in(k_q, 2 + waits))
+                buffer, got = self._collect(teacher, buffer, fold_in(k_q, 2 + waits))
                 answered += got
                 if time.monotonic() - last_log > 15:
                     self.log(f"waiting for people: {teacher.responses} of the first {initial} answers "
@@ -247,6 +247,8 @@ class PreferenceRun:
             t0 = time.perf_counter()
             state, rollout, rewards, member_r, agent_m = parts.act(state.replace(key=key), keys.iteration,
                                                                    self.compiled_iteration)
+            if it == start_iter:
+                import_plotting_ahead()  # for the learning curve at the end, while this waits
             jax.block_until_ready((rewards, state.agent))  # the update too: its time is the agent's
             t1 = time.perf_counter()
             env_steps = it * self.steps_per_iter
@@ -256,7 +258,7 @@ class PreferenceRun:
             if learn:
                 due = int(self.schedule.due(env_steps))
                 before = teacher.responses
-                buffer, got = self._collect(teacher, state.buffer, jax.random.fold_in(keys.queries, 1))
+                buffer, got = self._collect(teacher, state.buffer, fold_in(keys.queries, 1))
                 if cfg.query_max_age_steps:
                     teacher.withdraw_older_than(env_steps - cfg.query_max_age_steps)
                 pending = teacher.pending()
@@ -265,7 +267,7 @@ class PreferenceRun:
                     n = min(n, teacher.max_pending - pending)
                 if n > 0:
                     asked += self._ask(teacher, member_r, rollout, keys.queries, n, env_steps, parts.online_chunk)
-                buffer, got2 = self._collect(teacher, buffer, jax.random.fold_in(keys.queries, 2))
+                buffer, got2 = self._collect(teacher, buffer, fold_in(keys.queries, 2))
                 answered += got + got2
                 responded = teacher.responses > before
                 state = state.replace(buffer=buffer)
@@ -294,7 +296,7 @@ class PreferenceRun:
                 # with the validation (sampling 10x candidates costs about as much as an agent update);
                 # its own key: every other draw stays as it was
                 if parts.has_falls and (evaluate_now or it == 1):
-                    falls = self._falls(rollout, rewards, member_r, jax.random.fold_in(keys.correlation, 1))
+                    falls = self._falls(rollout, rewards, member_r, fold_in(keys.correlation, 1))
                     row.update({f"fall_{k}": finite_or_none(v) for k, v in falls.items()})
                 row.update(time_labels_s=t2 - t1, time_fit_s=t3 - t2, time_diagnostics_s=time.perf_counter() - t3)
             t4 = time.perf_counter()

@@ -123,9 +123,21 @@ class StepKeys(NamedTuple):
     evaluation: jax.Array  # evaluation episodes
 
 
+def _split(key, num: int) -> tuple[jax.Array, ...]:
+    return tuple(jax.random.split(key, num))
+
+
+split_keys = program(_split, static_argnums=1)
+"""``tuple(jax.random.split(key, num))``: on the host one kept program per ``num`` (run op by op,
+the split and the unpacking were two programs, each traced, lowered and loaded at every start:
+~0.2-0.4 s of the README job's warm start); inside a program, the split."""
+fold_in = program(jax.random.fold_in)
+"""``jax.random.fold_in`` as a kept program (see ``split_keys``)."""
+
+
 def step_keys(key) -> tuple[jax.Array, StepKeys]:
     """(the run's next key, this iteration's keys)."""
-    key, *keys = jax.random.split(key, 6)
+    key, *keys = split_keys(key, 6)
     return key, StepKeys(*keys)
 
 
@@ -147,7 +159,7 @@ def chunk_keys(key, count: int) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
     ``key``: one schedule for the host driver and the compiled loop."""
     out = []
     for _ in range(count):
-        key, k_c, k_t, k_a = jax.random.split(key, 4)
+        key, k_c, k_t, k_a = split_keys(key, 4)
         out.append((k_c, k_t, k_a))
     return out
 
@@ -308,7 +320,7 @@ class RunParts:
         """A new agent, ensemble and environments and an empty label set.  ``reward_scale=False``
         skips the baseline's random-policy statistics (a run about to be restored from a
         checkpoint: they are in its metadata) and leaves (0, 1)."""
-        key, k_agent, k_ens, k_env, k_scale = jax.random.split(key, 5)
+        key, k_agent, k_ens, k_env, k_scale = split_keys(key, 5)
         agent_state, ens_state, buffer = self._new_models(k_agent, k_ens)
         scale = self.reward_scale(k_scale) if reward_scale else jnp.asarray((0.0, 1.0), jnp.float32)
         # after reward_scale: its statistics step the environments
@@ -336,7 +348,7 @@ class RunParts:
         rollout_only = self.rollout_only if rollout_only is None else rollout_only
         if self.initial_blocks > 1:
             rollout_only = program(self.long_rollout)
-        key, k_roll, k_q, k_fit = jax.random.split(state.key, 4)
+        key, k_roll, k_q, k_fit = split_keys(state.key, 4)
         env_state, obs, rollout, member_r = rollout_only(state.agent, state.env_state, state.obs, state.ensemble,
                                                          k_roll)
         return state.replace(env_state=env_state, obs=obs, key=key), rollout, member_r, (k_q, k_fit)
