@@ -45,7 +45,6 @@ import atexit
 import concurrent.futures
 import functools
 import hashlib
-import io
 import logging
 import os
 import re
@@ -224,13 +223,14 @@ class Program:
             ahead = _ahead.pop(key, None)
             path = _exports / (key + EXECUTABLE)
             if ahead is not None and not ahead.cancel():  # being read, or read: wait for it
-                parts = ahead.result()
+                compiled = ahead.result()
             else:  # not read ahead, or not reached yet (then the thread skips it)
-                parts = _read(path) if path.exists() else None
-            compiled = _assemble(parts, traced) if parts is not None else None
+                compiled = _read(path) if path.exists() else None
+            if compiled is not None and not _fits(compiled, traced):
+                compiled = None
             if compiled is None:
                 compiled, keep = _compile(traced)
-                blob = _serialize(compiled) if keep else None
+                blob = _serialize(compiled, traced) if keep else None
                 if blob is None:  # runs here, as compiled, but is not kept
                     return compiled, out_trees[0]
                 _store(path, blob)
@@ -277,8 +277,8 @@ def _compile_context() -> bytes:
 
 @functools.cache
 def _machine() -> tuple:
-    """What an executable is compiled for, as JAX's own key has it and more: the versions, the
-    backend (platform, its version, the devices' kind, count and topology), the compiler's flags
+    """What an executable is compiled for: the versions, the
+    backend (platform, its version, the devices' kinds and count), the compiler's flags
     (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``) and, on a CPU, the instruction-set extensions the host
     reports (XLA compiles for the host it runs on: a cache shared by two kinds of machine must not
     hand one the other's code).  Fixed once the backend is up, so read once per process."""
@@ -287,12 +287,6 @@ def _machine() -> tuple:
 
     devices = jax.devices()
     client = devices[0].client
-    try:
-        from jax._src.lib import xla_client
-
-        topology = xla_client.get_topology_for_devices(devices).fingerprint()
-    except Exception:  # a backend without a serialized topology: the devices stand for it
-        topology = None
     cpu_flags = ""
     if client.platform == "cpu":
         try:
@@ -303,7 +297,7 @@ def _machine() -> tuple:
 
             cpu_flags = platform.processor() or platform.machine()
     return (jax.__version__, jaxlib.__version__, client.platform, client.platform_version,
-            devices[0].device_kind, len(devices), topology, os.environ.get("XLA_FLAGS", ""),
+            sorted({d.device_kind for d in devices}), len(devices), os.environ.get("XLA_FLAGS", ""),
             os.environ.get("LIBTPU_INIT_ARGS", ""), cpu_flags)
 
 
@@ -347,24 +341,21 @@ def _arrays_in(value):
 
 
 _LAPACK = re.compile(r"lapack_\w+_ffi")  # XLA:CPU's LAPACK calls (QR for orthogonal initializers)
-_HEADER = {False: b"rlhp-exec-1\n", True: b"rlhp-exec-1 lapack\n"}  # needs LAPACK loaded before it runs?
-
-
+_HEADER = re.compile(rb"rlhp-exec-2 lapack=([01]) in=(\d+) out=(\d+)\n")
 _compiling = threading.local()  # whether this thread's compilation was served by JAX's cache
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_NEVER = 1 << 62  # bytes: a JAX cache entry's least size while a kept program compiles (none is written)
 
 
 def _compile(traced):
-    """(the program compiled, whether it can be kept).  Compiled past JAX's persistent cache: an
-    executable JAX loads from its cache serializes without its kernels (a fresh process then fails
-    with "Function ... not found"), and an entry of JAX's beside this module's would only double
-    the disk the program takes.  JAX decides once per process whether it uses its cache
-    (``compilation_cache._cache_used``); that decision is set aside for this one compilation
-    (another thread compiling meanwhile would miss JAX's cache once).  Should a JAX version move
-    it, JAX's cache hits are still seen (its monitoring events) and such an executable is run but
-    not kept."""
+    """(the program compiled, whether it can be kept).  An executable JAX loads from its own cache
+    serializes without its kernels (a fresh process then fails with "Function ... not found"), so
+    JAX writes no entry for a program this module keeps (its least entry size is set out of reach
+    while it compiles: JAX reads the option at each write), and a program JAX's cache served anyway
+    (an entry of an earlier version, or of a program that lowers to the same module) is run but not
+    kept, as JAX's monitoring events tell.  Another thread compiling meanwhile would write no JAX
+    entry either, once."""
     import jax
-    from jax._src import compilation_cache as jax_cache
 
     if not getattr(_compile, "listening", False):
         jax.monitoring.register_event_listener(
@@ -372,50 +363,64 @@ def _compile(traced):
         _compile.listening = True
     lowered = traced.lower()
     _compiling.hit = False
-    jax_cache.is_cache_used(jax.devices()[0].client)  # JAX's decision, made now if not yet
-    used = getattr(jax_cache, "_cache_used", None)
-    if used is not None:
-        jax_cache._cache_used = False
+    least = jax.config.jax_persistent_cache_min_entry_size_bytes
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", _NEVER)
     try:
         compiled = lowered.compile()
     finally:
-        if used is not None:
-            jax_cache._cache_used = used
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", least)
     return compiled, not _compiling.hit
 
 
-def _serialize(compiled) -> bytes | None:
+def _serialize(compiled, traced) -> bytes | None:
     """The executable's bytes, or None where loading them into another process would not give the
-    same program: one that calls back into this process (host callbacks, effects, objects it keeps
-    alive), mutates its arguments, or calls a custom call other than XLA's TopK and LAPACK (an
-    envpool environment's calls are named after its object's address in the process that built it).
-    LAPACK's routines are bound when a program using them is lowered, so an entry that calls them
-    says so, and :func:`_load` binds them first (a call into an unbound one crashes the process)."""
+    same program: one with effects (callbacks, ordered effects, mutable arrays), or a custom call
+    other than XLA's TopK and LAPACK (callbacks into this process; an envpool environment's calls,
+    named after its object's address in the process that built it).  The header says whether it
+    calls LAPACK (:func:`_read` binds it first: its routines are bound by a lowering, and a call
+    into an unbound one crashed a fresh process) and how many arrays go in and out."""
     from jax.experimental import serialize_executable
 
-    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
-    if unloaded is None or unloaded.host_callbacks or unloaded.keepalive or unloaded.ordered_effects \
-            or unloaded.unordered_effects or getattr(unloaded, "mut", None) is not None:
+    if traced.jaxpr.effects:
         return None
     calls = set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
     if any(c != "TopK" and not _LAPACK.fullmatch(c) for c in calls):
         return None
     try:
-        blob, _, _ = serialize_executable.serialize(compiled)
+        blob, in_tree, out_tree = serialize_executable.serialize(compiled)
     except Exception as e:  # NotImplementedError (constants as arguments), a backend without it
         _log.debug("not serializable: %s", e)
         return None
-    return _HEADER[any(_LAPACK.fullmatch(c) for c in calls)] + blob
+    n_in, n_out = in_tree.num_leaves, out_tree.num_leaves
+    if (in_tree, out_tree) != _trees(n_in, n_out):  # not a flat program: not one of jit()'s
+        return None
+    lapack = int(any(_LAPACK.fullmatch(c) for c in calls))
+    return f"rlhp-exec-2 lapack={lapack} in={n_in} out={n_out}\n".encode() + blob
+
+
+def _trees(n_in: int, n_out: int):
+    """The argument and result trees of a flat program (``Program._build``'s): ``n_in`` arrays in,
+    a list of ``n_out`` out."""
+    import jax
+
+    return jax.tree.structure(((0,) * n_in, {})), jax.tree.structure([0] * n_out)
+
+
+@functools.cache
+def _bind_lapack() -> None:
+    """Bind XLA:CPU's LAPACK routines as JAX does: by lowering a program that calls one."""
+    import jax
+    import jax.numpy as jnp
+
+    jax.jit(jnp.linalg.qr).lower(jax.ShapeDtypeStruct((2, 2), jnp.float32))
 
 
 def _read(path: Path):
-    """The executable stored at ``path``, loaded (the parts :func:`_assemble` makes a program of),
-    or None if it cannot be read back whole (another process pruning or writing it, another
-    format) or is not this user's alone (it is machine code, and unpickling it runs code: a file
-    another user owns or can write is never read): the caller compiles it again, and its entry
-    replaces the file.  Safe on any thread."""
+    """The executable stored at ``path``, loaded, or None if it cannot be read back whole (another
+    process pruning or writing it, another format) or is not this user's alone (it is machine
+    code, and unpickling it runs code: a file another user owns or can write is never read): the
+    caller compiles it again.  Safe on any thread."""
     from jax.experimental import serialize_executable
-    import jax
 
     try:
         with open(path, "rb") as f:
@@ -423,35 +428,22 @@ def _read(path: Path):
             if (hasattr(os, "geteuid") and st.st_uid != os.geteuid()) or st.st_mode & 0o022:
                 raise PermissionError("not this user's alone: another user could have written it")
             data = f.read()
-        header = next(h for h in _HEADER.values() if data.startswith(h))
-        if header == _HEADER[True]:
-            from jax._src.lax import linalg
-
-            linalg.initialize_lapack()
-        backend = jax.devices()[0].client
-        unloaded, args_info_flat, no_kwargs = serialize_executable._JaxPjrtUnpickler(
-            io.BytesIO(memoryview(data)[len(header):]), backend).load()
-        return unloaded.load(), args_info_flat, no_kwargs
+        header = _HEADER.match(data)
+        lapack, n_in, n_out = (int(g) for g in header.groups())
+        if lapack:
+            _bind_lapack()
+        return serialize_executable.deserialize_and_load(data[header.end():], *_trees(n_in, n_out))
     except Exception as e:
         _log.debug("unreadable %s: %s", path, e)
         return None
 
 
-def _assemble(parts, traced):
-    """The program ``traced`` as the loaded executable ``parts`` (``serialize_executable.
-    deserialize_and_load``'s last step), or None if the executable's results are not the traced
-    program's."""
+def _fits(compiled, traced) -> bool:
+    """Whether the loaded executable takes the traced program's arguments and gives its results."""
     import jax
 
-    loaded, args_info_flat, no_kwargs = parts
-    try:
-        compiled = jax.stages.Compiled(loaded, [], traced.in_tree.unflatten(args_info_flat), traced.out_tree,
-                                       no_kwargs=no_kwargs)
-    except Exception as e:
-        _log.debug("not the traced program: %s", e)
-        return None
     described = lambda info: [(a.shape, a.dtype) for a in jax.tree.leaves(info)]
-    return compiled if described(compiled.out_info) == described(traced.out_info) else None
+    return compiled.in_tree == traced.in_tree and described(compiled.out_info) == described(traced.out_info)
 
 
 # --------------------------------------------------------------------- reading ahead
