@@ -33,10 +33,12 @@ the executable is loaded as it was stored, so a run's results are the same to th
 outside the traced program enters the key (no source hash, no config): a program that computes
 anything differently traces to a different jaxpr, and what compiling depends on besides the jaxpr
 (JAX's version, the backend, its devices and the CPU's features, ``XLA_FLAGS``, JAX's options) is in
-the key too.  A program whose executable another process could not run as it is (a host callback, an
-effect, an envpool environment's custom call) is compiled and run, but not kept.  Like JAX's own entries, a stored executable is machine code this process will
-run, so an entry is read only if it belongs to the user running the command and no one else may
-write it.
+the key too.  A program whose executable another process could not run as it is (a host callback,
+an effect, an envpool environment's custom call) is compiled and run, but not kept.  JAX's own
+cache gets no entry for a kept program (see :func:`_compile`).  An entry point names its workload
+(:func:`enable`), and the executables its last run used are read in on a thread while the next run
+starts.  Like JAX's own entries, a stored executable is machine code this process will run, so an
+entry is read only if it belongs to the user running the command and no one else may write it.
 """
 
 from __future__ import annotations
@@ -61,13 +63,13 @@ MAX_BYTES = 2 << 30  # 2 GiB
 PRUNE_TO = 0.75  # a pruned directory keeps this share of MAX_BYTES, so the next starts need not prune again
 ENTRY, STAMP = "-cache", "-atime"  # JAX's names: an entry, and the access stamp its bounded mode writes
 EXECUTABLE = "-executable"  # this module's entries: a traced program's serialized executable (see jit)
-EXPORTED = "-exported"  # what earlier versions stored (a serialized lowering): no longer read, pruned first
-_log = logging.getLogger(__name__)
+EXPORTED = "-exported"  # what earlier versions stored (a serialized lowering): never read, so pruned early
 PROGRAMS = "-programs"  # a workload's list of the entries its last run used, in order (see enable)
+_log = logging.getLogger(__name__)
 _exports: Path | None = None  # where jit() keeps its entries: the cache's directory once enable() ran
 _workload: Path | None = None  # this process's list of entries used, when enable() was given a workload
 _used: dict[str, None] = {}  # the entries this process used (loaded or stored), in order of first use
-_ahead: dict[str, "concurrent.futures.Future"] = {}  # entries read ahead (see _read_ahead)
+_ahead: dict[str, "concurrent.futures.Future"] = {}  # entries being read ahead (see _start_workload)
 
 
 def default_directory() -> Path:
@@ -93,7 +95,7 @@ def enable(path: str | os.PathLike | None = None, workload: str | None = None) -
     ``workload`` names what this process is about to run (an entry point and its task): the
     executables its last run used are read into memory on a thread from here on, while this
     process imports, builds its environments and traces, and the list is written again at exit
-    (BUILD_NOTES, "Executables read ahead").  A program whose entry was not read ahead is read
+    (BUILD_NOTES, "Executables kept and read ahead").  A program whose entry was not read ahead is read
     when it is first called, as without a workload."""
     import jax
 
@@ -277,10 +279,9 @@ def _compile_context() -> bytes:
 
 @functools.cache
 def _machine() -> tuple:
-    """What an executable is compiled for: the versions, the
-    backend (platform, its version, the devices' kinds and count), the compiler's flags
-    (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``) and, on a CPU, the instruction-set extensions the host
-    reports (XLA compiles for the host it runs on: a cache shared by two kinds of machine must not
+    """What an executable is compiled for: the versions, the backend (platform, its version, the
+    devices' kinds and count), the compiler's flags (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``) and, on a
+    CPU, the instruction-set extensions the host reports (XLA compiles for the host it runs on: a cache shared by two kinds of machine must not
     hand one the other's code).  Fixed once the backend is up, so read once per process."""
     import jax
     import jaxlib
