@@ -72,7 +72,7 @@ from rlhp_jax.runs import continues_from_checkpoint, open_run, read_run_config, 
 from rlhp_jax.ensemble import RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.labels import bucket
-from rlhp_jax.loop import steps_note
+from rlhp_jax.loop import fold_in, split_keys, steps_note
 from rlhp_jax.metrics import (finite_or_none, nanmean_or_none, plot_ibarz_run,
                               read_jsonl, segment_return_correlation)
 from rlhp_jax.preferences import label_entropy_bound
@@ -227,7 +227,7 @@ class IbarzRun:
         scores = []
         demo_only = cfg.setup == "imitation"
         for _ in range(math.ceil(num_steps / n_env)):
-            self.key, k = jax.random.split(self.key)
+            self.key, k = split_keys(self.key, 2)
             eps = self._epsilon()
             obs_before = self.obs
             self.env_state, action, out = self.act_step(self.agent_state.params, self.env_state, self.obs, k, eps)
@@ -298,7 +298,7 @@ class IbarzRun:
         t0, last_log, looks = time.perf_counter(), -math.inf, 0
         while True:
             looks += 1
-            open_ = self._outstanding(jax.random.fold_in(key, looks)) - self.teacher.responses
+            open_ = self._outstanding(fold_in(key, looks)) - self.teacher.responses
             if open_ <= 0:
                 return time.perf_counter() - t0
             if time.monotonic() - last_log >= WAIT_LOG_S:
@@ -346,7 +346,7 @@ class IbarzRun:
                 obs=jnp.asarray(clips["obs"].reshape(q, 2, *clips["obs"].shape[1:])),
                 action=jnp.asarray(clips["action"].reshape(q, 2, -1)),
                 true_reward=jnp.asarray(clips["true_reward"].reshape(q, 2, -1)))
-            key, k_t, k_a = jax.random.split(key, 3)
+            key, k_t, k_a = split_keys(key, 3)
             skip = min(take, max(0, posed - done))
             if skip < take:
                 new = pairs if skip == 0 else jax.tree.map(lambda x: x[skip:], pairs)
@@ -366,7 +366,7 @@ class IbarzRun:
         pairs, mu = autolabels(initial_pairs, demo)
         arrays = dict(obs=np.asarray(pairs.obs), action=np.asarray(pairs.action), true_reward=np.asarray(pairs.true_reward))
         for chunk, m, mask in labels_lib.padded_batches(arrays, np.asarray(mu), LABEL_BATCH):
-            key, k_a = jax.random.split(key)
+            key, k_a = split_keys(key, 2)
             self.buffer = self._add(self.buffer, k_a, chunk, jnp.asarray(m), jnp.asarray(mask))
         self.autolabels_added += 2 * k
         return 2 * k
@@ -463,7 +463,7 @@ class IbarzRun:
         if self.steps_note:
             self.log(self.steps_note)
         key = jax.random.PRNGKey(cfg.seed)
-        key, k_agent, k_rm, k_env = jax.random.split(key, 4)
+        key, k_agent, k_rm, k_env = split_keys(key, 4)
         self.agent_state = self.agent.init(k_agent)
         self.rm_state = program(self.rm.init)(k_rm)
         self.env_state, self.obs = self.env.reset(k_env)
@@ -536,13 +536,13 @@ class IbarzRun:
                 self.log(f"initial trajectories: {self.initial_steps} actor steps; {self.initial} labels")
                 since = self.replay.steps.copy()
                 scores = self._act(self.initial_steps, learn=False, history=[])
-                self.key, k_l, k_auto = jax.random.split(self.key, 3)
-                posed = self._outstanding(jax.random.fold_in(k_l, 1))  # people: a killed attempt's pairs
+                self.key, k_l, k_auto = split_keys(self.key, 3)
+                posed = self._outstanding(fold_in(k_l, 1))  # people: a killed attempt's pairs
                 if posed:
                     self.log(f"reusing {self.teacher.responses} answers and {posed - self.teacher.responses} open "
                              f"pairs already in {out}")
                 pairs = self._label_recent(since, self.initial, k_l, posed=posed)
-                waited = self._await_answers("the initial trajectories", self.initial, jax.random.fold_in(k_l, 2))
+                waited = self._await_answers("the initial trajectories", self.initial, fold_in(k_l, 2))
                 self._publish(self.initial, "training")
                 if self.autolabel_count and pairs is not None:
                     self._add_autolabels(pairs, k_auto)
@@ -551,7 +551,7 @@ class IbarzRun:
             record(INITIAL, dict(phase="initial", **row))
         # 7: the reward model on the initial labels
         if stage < RM_PRETRAIN:
-            self.key, k = jax.random.split(self.key)
+            self.key, k = split_keys(self.key, 2)
             if cfg.learns_rewards:
                 self.log(f"training the reward model: {cfg.rm_pretrain_batches} batches on {self.answered} labels"
                          + (f" and {self.autolabels_added} autolabels" if self.autolabels_added else ""))
@@ -578,13 +578,13 @@ class IbarzRun:
                        episode_return=float(np.mean(scores)) if scores else None,
                        epsilon=float(self._epsilon()), **_prefixed(_mean_metrics(history)))
             row.update(self._model_vs_true(since))
-            self.key, k_l, k_fit = jax.random.split(self.key, 3)
+            self.key, k_l, k_fit = split_keys(self.key, 3)
             if cfg.learns_rewards:
                 due = int(self.schedule.due(it * cfg.iteration_steps))
-                self._label_recent(since, due - self._outstanding(jax.random.fold_in(k_l, 1)), k_l)
+                self._label_recent(since, due - self._outstanding(fold_in(k_l, 1)), k_l)
                 row["labels_due"] = due
                 if self.wait_for_labels:
-                    waited = self._await_answers(f"iteration {it}", due, jax.random.fold_in(k_l, 2))
+                    waited = self._await_answers(f"iteration {it}", due, fold_in(k_l, 2))
                     if self.teacher.asynchronous:
                         row["time_wait_s"] = waited
                 self._publish(due, "training")
