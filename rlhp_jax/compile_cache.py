@@ -66,7 +66,7 @@ EXECUTABLE = "-executable"  # this module's entries: a traced program's serializ
 EXPORTED = "-exported"  # what earlier versions stored (a serialized lowering): never read, so pruned early
 PROGRAMS = "-programs"  # a workload's list of the entries its last run used, in order (see enable)
 _log = logging.getLogger(__name__)
-_exports: Path | None = None  # where jit() keeps its entries: the cache's directory once enable() ran
+_kept_in: Path | None = None  # where jit() keeps its entries: the cache's directory once enable() ran
 _workload: Path | None = None  # this process's list of entries used, when enable() was given a workload
 _used: dict[str, None] = {}  # the entries this process used (loaded or stored), in order of first use
 _ahead: dict[str, "concurrent.futures.Future"] = {}  # entries being read ahead (see _start_workload)
@@ -109,8 +109,8 @@ def enable(path: str | os.PathLike | None = None, workload: str | None = None) -
                       f"writable directory, or to off", stacklevel=2)
         return None
     prune(where)
-    global _exports
-    _exports = where
+    global _kept_in
+    _kept_in = where
     jax.config.update("jax_compilation_cache_dir", str(where))
     jax.config.update("jax_compilation_cache_max_size", -1)  # unbounded for JAX: prune() bounds it
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -184,7 +184,7 @@ class Program:
         return getattr(self._jit, name)
 
     def __call__(self, *args, **kwargs):
-        if _exports is None or kwargs:
+        if _kept_in is None or kwargs:
             return self._jit(*args, **kwargs)
         import jax
 
@@ -223,7 +223,7 @@ class Program:
             traced = jax.jit(flat).trace(*leaves)
             key = program_key(traced.jaxpr)
             ahead = _ahead.pop(key, None)
-            path = _exports / (key + EXECUTABLE)
+            path = _kept_in / (key + EXECUTABLE)
             if ahead is not None and not ahead.cancel():  # being read, or read: wait for it
                 compiled = ahead.result()
             else:  # not read ahead, or not reached yet (then the thread skips it)

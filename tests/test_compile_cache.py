@@ -147,9 +147,9 @@ import numpy as np  # noqa: E402
 
 
 @pytest.fixture
-def exports(tmp_path, monkeypatch):
+def kept(tmp_path, monkeypatch):
     """A fresh directory for jit()'s entries, as ``enable`` would set it."""
-    monkeypatch.setattr(compile_cache, "_exports", tmp_path)
+    monkeypatch.setattr(compile_cache, "_kept_in", tmp_path)
     return tmp_path
 
 
@@ -170,10 +170,10 @@ def _compiles(monkeypatch) -> list:
     return calls
 
 
-def test_a_traced_program_is_kept_and_its_copy_computes_what_jit_computes(exports, monkeypatch):
+def test_a_traced_program_is_kept_and_its_copy_computes_what_jit_computes(kept, monkeypatch):
     want = jax.jit(_state_step, static_argnums=2)(STATE, jnp.float32(0.5), 3.0)
     got = compile_cache.jit(_state_step, static_argnums=2)(STATE, jnp.float32(0.5), 3.0)
-    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 1
+    assert len(_entries(kept, compile_cache.EXECUTABLE)) == 1
     chex_equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
     chex_equal(got, want)
     assert jax.tree.structure(got) == jax.tree.structure(want)
@@ -186,11 +186,11 @@ def test_a_traced_program_is_kept_and_its_copy_computes_what_jit_computes(export
     chex_equal(again(STATE, jnp.float32(0.5), 2.0), jax.jit(_state_step, static_argnums=2)(STATE, jnp.float32(0.5), 2.0))
     wide = {"w": jnp.ones((2, 4)), "n": jnp.int32(0)}
     chex_equal(again(wide, jnp.float32(1.0), 2.0), _state_step(wide, jnp.float32(1.0), 2.0))
-    assert len(compiles) == 2 and len(_entries(exports, compile_cache.EXECUTABLE)) == 3
+    assert len(compiles) == 2 and len(_entries(kept, compile_cache.EXECUTABLE)) == 3
 
 
 @pytest.mark.parametrize("kind", ["array", "array literal", "scalar"])
-def test_programs_that_differ_only_in_what_they_capture_are_different_entries(exports, kind):
+def test_programs_that_differ_only_in_what_they_capture_are_different_entries(kept, kind):
     """What a closure captures is in the traced program (a constant's bytes, a literal's value), so
     a program built around other data never finds this one's executable.  (With JAX's simplified
     constants an array is a literal that the jaxpr prints as "[...]".)"""
@@ -211,13 +211,13 @@ def test_programs_that_differ_only_in_what_they_capture_are_different_entries(ex
         outs = [np.asarray(compile_cache.jit(make(c))(x)) for c in captured]
     finally:
         jax.config.update("jax_use_simplified_jaxpr_constants", previous)
-    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 2
+    assert len(_entries(kept, compile_cache.EXECUTABLE)) == 2
     for c, out in zip(captured, outs):
         np.testing.assert_array_equal(out, np.asarray(jax.jit(make(c))(x)))
     assert not np.array_equal(outs[0], outs[1])
 
 
-def test_a_weakly_typed_argument_is_another_entry(exports):
+def test_a_weakly_typed_argument_is_another_entry(kept):
     """``y * 2`` prints the same jaxpr for a Python float and a float32; its result is weakly typed
     for the first only, which changes how later arithmetic promotes it."""
     double = lambda y: y * 2
@@ -226,7 +226,7 @@ def test_a_weakly_typed_argument_is_another_entry(exports):
         assert got.aval == jax.jit(double)(arg).aval, arg
 
 
-def test_a_program_with_a_host_callback_runs_as_plain_jit(exports):
+def test_a_program_with_a_host_callback_runs_as_plain_jit(kept):
     seen = []
 
     def noisy(x):
@@ -234,23 +234,23 @@ def test_a_program_with_a_host_callback_runs_as_plain_jit(exports):
         return x * 2
 
     np.testing.assert_array_equal(compile_cache.jit(noisy)(jnp.ones(3)), 2 * np.ones(3))
-    assert seen == [3.0] and not _entries(exports, compile_cache.EXECUTABLE)
+    assert seen == [3.0] and not _entries(kept, compile_cache.EXECUTABLE)
 
 
-def test_an_unreadable_entry_is_compiled_again_and_replaced(exports):
+def test_an_unreadable_entry_is_compiled_again_and_replaced(kept):
     f = lambda x: jnp.cumsum(x) - 1
     x = jnp.arange(4.0)
     compile_cache.jit(f)(x)
-    (entry,) = exports.glob(f"*{compile_cache.EXECUTABLE}")
+    (entry,) = kept.glob(f"*{compile_cache.EXECUTABLE}")
     whole = entry.read_bytes()
     for broken in (whole[:40], whole[whole.index(b"\n") + 1:], b"\x00" * 100):  # cut short, another format
         entry.write_bytes(broken)
         np.testing.assert_array_equal(compile_cache.jit(f)(x), jnp.cumsum(x) - 1)
         assert compile_cache._read(entry) is not None  # written whole again
-    assert not list(exports.glob("*.tmp"))
+    assert not list(kept.glob("*.tmp"))
 
 
-def test_jax_cache_keeps_no_copy_of_a_kept_program_and_one_it_serves_is_not_kept(exports, monkeypatch):
+def test_jax_cache_keeps_no_copy_of_a_kept_program_and_one_it_serves_is_not_kept(kept, monkeypatch):
     """An executable JAX loads from its own cache serializes without its kernels: kept, it failed in
     the next process with "Function ... not found".  So JAX's cache (the suite's, on since conftest)
     gets no entry for a kept program, and one it serves anyway (an earlier version's entry) is run
@@ -261,7 +261,7 @@ def test_jax_cache_keeps_no_copy_of_a_kept_program_and_one_it_serves_is_not_kept
     before = _entries(jax_dir)
     got = compile_cache.jit(lambda v: jnp.tanh(v).astype(jnp.int32) * 3 + salt)(x)
     np.testing.assert_array_equal(got, np.tanh(np.asarray(x)).astype(np.int32) * 3 + salt)
-    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 1 and _entries(jax_dir) == before
+    assert len(_entries(kept, compile_cache.EXECUTABLE)) == 1 and _entries(jax_dir) == before
 
     compile = jax.stages.Lowered.compile
 
@@ -272,16 +272,16 @@ def test_jax_cache_keeps_no_copy_of_a_kept_program_and_one_it_serves_is_not_kept
     monkeypatch.setattr(jax.stages.Lowered, "compile", served_by_jax)
     got = compile_cache.jit(lambda v: jnp.cos(v) * 2 + salt)(x)
     np.testing.assert_allclose(got, np.cos(np.asarray(x)) * 2 + salt, rtol=1e-6)
-    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 1
+    assert len(_entries(kept, compile_cache.EXECUTABLE)) == 1
 
 
-def test_an_entry_someone_else_can_write_is_never_loaded(exports, monkeypatch):
+def test_an_entry_someone_else_can_write_is_never_loaded(kept, monkeypatch):
     """A kept executable is machine code, unpickled: one that another user can write (or owns)
     could be anyone's.  It is compiled again and replaced by this user's own."""
     f = lambda x: jnp.sqrt(x) + 7
     x = jnp.arange(3.0)
     compile_cache.jit(f)(x)
-    (entry,) = exports.glob(f"*{compile_cache.EXECUTABLE}")
+    (entry,) = kept.glob(f"*{compile_cache.EXECUTABLE}")
     entry.chmod(0o666)
     compiles = _compiles(monkeypatch)
     np.testing.assert_array_equal(compile_cache.jit(f)(x), jnp.sqrt(x) + 7)
@@ -295,7 +295,7 @@ _CUSTOM = 'custom-call(f32[2]{{0}} %p), custom_call_target="{}", api_version=API
 @pytest.mark.parametrize("targets, stored", [((), True), (("TopK",), True), (("lapack_sgeqrf_ffi", "TopK"), True),
                                              (("GymHopperGymnasiumEnvPool_139827833410128_recv",), False),
                                              (("TopK", "xla_python_cpu_callback"), False)])
-def test_only_custom_calls_another_process_can_run_are_kept(exports, monkeypatch, targets, stored):
+def test_only_custom_calls_another_process_can_run_are_kept(kept, monkeypatch, targets, stored):
     """An envpool environment's custom calls are named after its object in the process that built
     them; LAPACK's are bound by the lowering of a program that uses them, so an entry says it needs
     them (a fresh process's call into an unbound one crashed)."""
@@ -313,7 +313,7 @@ def test_only_custom_calls_another_process_can_run_are_kept(exports, monkeypatch
 def test_a_program_calling_lapack_runs_from_the_cache_in_a_fresh_process(tmp_path):
     """Flax's orthogonal initializer (the agents' networks) calls LAPACK's QR."""
     script = (f"import sys, jax, jax.numpy as jnp; from rlhp_jax import compile_cache as c; "
-              f"c._exports = __import__('pathlib').Path({str(tmp_path)!r}); "
+              f"c._kept_in = __import__('pathlib').Path({str(tmp_path)!r}); "
               f"print(float(c.jit(lambda k: jax.nn.initializers.orthogonal()(k, (8, 8)).sum())(jax.random.key(1))))")
     outs = []
     for _ in range(2):
@@ -324,46 +324,46 @@ def test_a_program_calling_lapack_runs_from_the_cache_in_a_fresh_process(tmp_pat
     assert entry.read_bytes().startswith(b"rlhp-exec-2 lapack=1 ") and outs[0] == outs[1]
 
 
-def test_a_workload_reads_its_last_runs_executables_ahead(exports, monkeypatch):
+def test_a_workload_reads_its_last_runs_executables_ahead(kept, monkeypatch):
     f, g = (lambda x: jnp.sin(x) * 3), (lambda x: jnp.cos(x) + 1)
     x = jnp.linspace(0.0, 1.0, 5)
     try:
-        compile_cache._start_workload(exports, "job")
+        compile_cache._start_workload(kept, "job")
         compile_cache.jit(f)(x), compile_cache.jit(g)(x)
-        compile_cache._start_workload(exports, None)  # the process ends: its list is written
-        (listed,) = exports.glob(f"*{compile_cache.PROGRAMS}")
+        compile_cache._start_workload(kept, None)  # the process ends: its list is written
+        (listed,) = kept.glob(f"*{compile_cache.PROGRAMS}")
         keys = listed.read_text().split()
         assert len(keys) == 2 and {k + compile_cache.EXECUTABLE for k in keys} == \
-            _entries(exports, compile_cache.EXECUTABLE)
-        (exports / (keys[1] + compile_cache.EXECUTABLE)).unlink()  # pruned meanwhile: compiled again
+            _entries(kept, compile_cache.EXECUTABLE)
+        (kept / (keys[1] + compile_cache.EXECUTABLE)).unlink()  # pruned meanwhile: compiled again
 
-        compile_cache._start_workload(exports, "job")  # the next run of it
+        compile_cache._start_workload(kept, "job")  # the next run of it
         assert [compile_cache._ahead[k].result(timeout=60) is not None for k in keys] == [True, False]
         monkeypatch.setattr(compile_cache, "_read", lambda path: pytest.fail(f"read again: {path}"))
         compiles = _compiles(monkeypatch)
         np.testing.assert_array_equal(compile_cache.jit(f)(x), jnp.sin(x) * 3)
         assert compiles == []  # read ahead
         np.testing.assert_array_equal(compile_cache.jit(g)(x), jnp.cos(x) + 1)
-        assert len(compiles) == 1 and (exports / (keys[1] + compile_cache.EXECUTABLE)).exists()
-        compile_cache._start_workload(exports, "another job")  # its own list, none yet: nothing read
+        assert len(compiles) == 1 and (kept / (keys[1] + compile_cache.EXECUTABLE)).exists()
+        compile_cache._start_workload(kept, "another job")  # its own list, none yet: nothing read
         assert compile_cache._ahead == {} and listed.read_text().split() == keys
     finally:
-        compile_cache._start_workload(exports, None)
+        compile_cache._start_workload(kept, None)
 
 
-def test_inside_another_program_with_keywords_or_with_the_cache_off_it_is_jax_jit(exports, monkeypatch):
+def test_inside_another_program_with_keywords_or_with_the_cache_off_it_is_jax_jit(kept, monkeypatch):
     inner = compile_cache.jit(lambda x, y=1.0: x + y)
     outer = jax.jit(lambda x: inner(x) * 2)
     np.testing.assert_array_equal(outer(jnp.ones(2)), 4 * np.ones(2))
     np.testing.assert_array_equal(inner(jnp.ones(2), y=2.0), 3 * np.ones(2))
-    assert not _entries(exports, compile_cache.EXECUTABLE)  # neither was kept
-    monkeypatch.setattr(compile_cache, "_exports", None)
+    assert not _entries(kept, compile_cache.EXECUTABLE)  # neither was kept
+    monkeypatch.setattr(compile_cache, "_kept_in", None)
     np.testing.assert_array_equal(inner(jnp.ones(2)), 2 * np.ones(2))
-    assert not _entries(exports, compile_cache.EXECUTABLE)
+    assert not _entries(kept, compile_cache.EXECUTABLE)
     assert inner.lower(jnp.ones(2)).as_text()  # jax.jit's AOT API is there too
 
 
-def test_the_hosts_key_splits_are_kept_programs_that_split_as_jax_random_does(exports):
+def test_the_hosts_key_splits_are_kept_programs_that_split_as_jax_random_does(kept):
     from rlhp_jax.loop import fold_in, split_keys
 
     key = jax.random.key(11)
@@ -374,7 +374,7 @@ def test_the_hosts_key_splits_are_kept_programs_that_split_as_jax_random_does(ex
             np.testing.assert_array_equal(jax.random.key_data(jnp.stack(got)), jax.random.key_data(want))
     np.testing.assert_array_equal(jax.random.key_data(fold_in(key, 3)),
                                   jax.random.key_data(jax.random.fold_in(key, 3)))
-    assert len(_entries(exports, compile_cache.EXECUTABLE)) == 3  # the host's calls: kept
+    assert len(_entries(kept, compile_cache.EXECUTABLE)) == 3  # the host's calls: kept
 
 
 def test_prune_bounds_kept_executables_and_lists_with_jax_entries(tmp_path):
