@@ -94,19 +94,25 @@ def nanmean_or_none(x) -> float | None:
     return float(a.mean()) if a.size else None
 
 
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display): every plot of this module."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def import_plotting_ahead() -> None:
-    """Import matplotlib (its Agg backend) and pyplot on a thread, so the learning curve at a run's
-    end does not wait for them (~0.7 s of the README job's ~1.3 s plot, 2-core Xeon): a run calls
-    this once its loop runs, while its main thread mostly waits on programs.  Python's import lock
-    makes a plot that starts first wait for the import, not repeat it; an import that fails here
-    fails again, with its message, where the plot imports it."""
+    """Import :func:`pyplot` on a thread, so the learning curve at a run's end does not wait for it
+    (~0.7 s of the README job's ~1.3 s plot, 2-core Xeon): a run calls this once its loop runs,
+    while its main thread mostly waits on programs.  Python's import lock makes a plot that starts
+    first wait for the import, not repeat it; an import that fails here fails again, with its
+    message, where the plot imports it."""
     def load():
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot  # noqa: F401
-            import matplotlib.ticker  # noqa: F401
+            pyplot()
         except Exception:
             pass
 
@@ -115,10 +121,7 @@ def import_plotting_ahead() -> None:
 
 def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = "") -> Path:
     """PNG with true/evaluation/predicted return, labels, and reward-model quality against env steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     def series(key):
         pts = [(r["env_steps"], r[key]) for r in rows if r.get(key) is not None]
@@ -187,8 +190,9 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
 
 def _save_figure(fig, axes, title: str, path) -> Path:
     """Engineering-notation step axes, the title, a tight layout; write the PNG and close."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter
+
+    plt = pyplot()
 
     for a in axes:
         a.xaxis.set_major_formatter(EngFormatter(sep=""))
@@ -205,10 +209,7 @@ def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -
     """PNG of an Ibarz-protocol run: game score; r̂ against the oracle's reward per 1,000 steps
     (rising r̂ with falling true reward is reward hacking, Ibarz Fig. 4); reward-model loss against
     its label-entropy lower bound (Ibarz Fig. 7) with validation accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     its = [r for r in rows if r.get("phase") == "iteration"]
 
@@ -325,10 +326,7 @@ def plot_sweep(groups: dict[str, dict[str, np.ndarray]], steps: np.ndarray, path
     """Mean ± std over seeds per setting (``groups``: label -> {metric: [seeds, iterations]}),
     each seed a thin line behind its band; one panel per metric of ``SWEEP_PANELS`` that some
     setting has values of."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     def has_data(key):
         return any(np.isfinite(np.asarray(m[key], np.float64)).any() for m in groups.values())
