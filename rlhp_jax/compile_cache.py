@@ -358,10 +358,7 @@ def _compile(traced):
     entry either, once."""
     import jax
 
-    if not getattr(_compile, "listening", False):
-        jax.monitoring.register_event_listener(
-            lambda event, **_: setattr(_compiling, "hit", True) if event == _CACHE_HIT else None)
-        _compile.listening = True
+    _listen_for_cache_hits()
     lowered = traced.lower()
     _compiling.hit = False
     least = jax.config.jax_persistent_cache_min_entry_size_bytes
@@ -371,6 +368,15 @@ def _compile(traced):
     finally:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", least)
     return compiled, not _compiling.hit
+
+
+@functools.cache
+def _listen_for_cache_hits() -> None:
+    """Mark this thread's compilation when JAX's cache serves it (once per process)."""
+    import jax
+
+    jax.monitoring.register_event_listener(
+        lambda event, **_: setattr(_compiling, "hit", True) if event == _CACHE_HIT else None)
 
 
 def _serialize(compiled, traced) -> bytes | None:
