@@ -65,6 +65,13 @@ ENTRY, STAMP = "-cache", "-atime"  # JAX's names: an entry, and the access stamp
 EXECUTABLE = "-executable"  # this module's entries: a traced program's serialized executable (see jit)
 EXPORTED = "-exported"  # what earlier versions stored (a serialized lowering): never read, so pruned early
 PROGRAMS = "-programs"  # a workload's list of the entries its last run used, in order (see enable)
+# XLA:CPU options for a program that runs once or costs little to run (``jit(..., quick=True)``): a
+# lower LLVM level, no expensive LLVM passes, and the older per-fusion code generation instead of the
+# fusion emitters.  They cut a program's compile time by about half; the code they give runs slower,
+# which only matters for a program run often on much data (BUILD_NOTES, "Quick programs").  The test
+# suite compiles every program with them (tests/conftest.py).
+QUICK_COMPILE = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True,
+                 "xla_cpu_use_fusion_emitters": False}
 _log = logging.getLogger(__name__)
 _kept_in: Path | None = None  # where jit() keeps its entries: the cache's directory once enable() ran
 _workload: Path | None = None  # this process's list of entries used, when enable() was given a workload
@@ -156,12 +163,16 @@ def prune(where: str | os.PathLike, max_bytes: int = MAX_BYTES) -> int:
 
 
 # --------------------------------------------------------------------- traced programs
-def jit(fn: Callable, *, static_argnums: int | tuple[int, ...] = ()) -> "Program":
+def jit(fn: Callable, *, static_argnums: int | tuple[int, ...] = (), quick: bool = False) -> "Program":
     """``jax.jit(fn, static_argnums=...)`` whose executable is kept in the cache (module docstring):
     for the host driver's programs, called with arrays (or nested containers of them) as
     positional arguments.  Called while the cache is off, from inside another program, or with
-    keyword arguments, it is plain ``jax.jit``; ``lower``, ``trace`` and the rest are jax.jit's."""
-    return Program(fn, static_argnums)
+    keyword arguments, it is plain ``jax.jit``; ``lower``, ``trace`` and the rest are jax.jit's.
+
+    ``quick``: on a CPU, compiled with :data:`QUICK_COMPILE`, for a program whose compilation costs
+    more than all its runs (one that runs once, or small bookkeeping); the same options whether the
+    cache is on or off, so they never change a run's results between the two."""
+    return Program(fn, static_argnums, quick)
 
 
 _UNBUILT = object()
@@ -171,21 +182,42 @@ class Program:
     """See :func:`jit`.  One compiled callable per call signature (the static arguments, the
     arguments' tree and each leaf's shape, dtype and weak type), built at its first call."""
 
-    def __init__(self, fn: Callable, static_argnums):
-        import jax
-
+    def __init__(self, fn: Callable, static_argnums, quick: bool = False):
         self._fn = fn
         self._static = (static_argnums,) if isinstance(static_argnums, int) else tuple(sorted(static_argnums))
-        self._jit = jax.jit(fn, static_argnums=static_argnums)
+        self._quick = quick
         self._built: dict[Any, tuple[Callable, Any] | None] = {}
         self.__name__ = getattr(fn, "__name__", "program")
 
+    @functools.cached_property
+    def _options(self) -> dict | None:
+        """The compiler options this program is built with (read at its first use, not when it is
+        defined: a module-level program must not start JAX's backend at import)."""
+        return compiler_options(self._quick)
+
+    @functools.cached_property
+    def _jit(self):
+        """Plain jax.jit, for a call inside another program (JAX takes compiler options only at the top)."""
+        import jax
+
+        return jax.jit(self._fn, static_argnums=self._static)
+
+    @functools.cached_property
+    def _top(self):
+        """Plain jax.jit with this program's compiler options, for a call of its own."""
+        import jax
+
+        return jax.jit(self._fn, static_argnums=self._static, compiler_options=self._options) \
+            if self._options else self._jit
+
     def __getattr__(self, name):  # lower, trace, eval_shape, ...: jax.jit's
-        return getattr(self._jit, name)
+        if name.startswith("_"):  # not set yet (cached properties, during __init__)
+            raise AttributeError(name)
+        return getattr(self._top, name)
 
     def __call__(self, *args, **kwargs):
         if _kept_in is None or kwargs:
-            return self._jit(*args, **kwargs)
+            return self._plain(args, kwargs)
         import jax
 
         statics = tuple(args[i] for i in self._static)
@@ -197,9 +229,17 @@ class Program:
         if built is _UNBUILT:
             built = self._built[signature] = self._build(statics, tree, leaves, len(args))
         if built is None:  # failed to trace or compile: jax.jit raises the error
-            return self._jit(*args)
+            return self._plain(args, {})
         call, out_tree = built
         return out_tree.unflatten(call(*leaves))
+
+    def _plain(self, args, kwargs):
+        """Plain jax.jit: with this program's options, unless it is called inside another program."""
+        import jax
+        from jax.core import Tracer
+
+        inside = any(isinstance(x, Tracer) for x in jax.tree.leaves((args, kwargs)))
+        return (self._jit if inside else self._top)(*args, **kwargs)
 
     def _build(self, statics, tree, leaves, nargs):
         """(compiled callable over the leaves, output tree), loaded from the cache or compiled and
@@ -221,7 +261,7 @@ class Program:
         flat.__name__ = flat.__qualname__ = self.__name__
         try:
             traced = jax.jit(flat).trace(*leaves)
-            key = program_key(traced.jaxpr)
+            key = program_key(traced.jaxpr, self._options)
             ahead = _ahead.pop(key, None)
             path = _kept_in / (key + EXECUTABLE)
             if ahead is not None and not ahead.cancel():  # being read, or read: wait for it
@@ -231,7 +271,7 @@ class Program:
             if compiled is not None and not _fits(compiled, traced):
                 compiled = None
             if compiled is None:
-                compiled, keep = _compile(traced)
+                compiled, keep = _compile(traced, self._options)
                 blob = _serialize(compiled, traced) if keep else None
                 if blob is None:  # runs here, as compiled, but is not kept
                     return compiled, out_trees[0]
@@ -302,13 +342,26 @@ def _machine() -> tuple:
             os.environ.get("LIBTPU_INIT_ARGS", ""), cpu_flags)
 
 
-def program_key(closed_jaxpr) -> str:
+def compiler_options(quick: bool) -> dict | None:
+    """The compiler options of a program: :data:`QUICK_COMPILE` for a quick one on a CPU backend,
+    else None (XLA's defaults)."""
+    if not quick:
+        return None
+    import jax
+
+    return dict(QUICK_COMPILE) if jax.default_backend() == "cpu" else None
+
+
+def program_key(closed_jaxpr, options: dict | None = None) -> str:
     """The cache key of a traced program: its jaxpr as JAX prints it (every equation with its
     parameters, the arguments' and results' types, scalar literals' values), the arguments' and
     results' abstract values (their weak types are not printed), the dtype, shape and
     bytes of every array it holds that the print elides (its constants, those of the programs
-    nested in it, array literals and array parameters), and :func:`_compile_context`."""
+    nested in it, array literals and array parameters), the compiler ``options`` it is built with,
+    and :func:`_compile_context`."""
     h = hashlib.sha256(_compile_context())
+    if options:  # (none: the key as it was before options existed)
+        h.update(repr(sorted(options.items())).encode())
     h.update(str(closed_jaxpr.jaxpr).encode())
     h.update(repr((closed_jaxpr.in_avals, closed_jaxpr.out_avals)).encode())  # weak types: not printed above
     for c in _arrays_in(closed_jaxpr):
@@ -348,7 +401,7 @@ _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _NEVER = 1 << 62  # bytes: a JAX cache entry's least size while a kept program compiles (none is written)
 
 
-def _compile(traced):
+def _compile(traced, options: dict | None = None):
     """(the program compiled, whether it can be kept).  An executable JAX loads from its own cache
     serializes without its kernels (a fresh process then fails with "Function ... not found"), so
     JAX writes no entry for a program this module keeps (its least entry size is set out of reach
@@ -364,7 +417,7 @@ def _compile(traced):
     least = jax.config.jax_persistent_cache_min_entry_size_bytes
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", _NEVER)
     try:
-        compiled = lowered.compile()
+        compiled = lowered.compile(options)
     finally:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", least)
     return compiled, not _compiling.hit

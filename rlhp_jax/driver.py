@@ -89,12 +89,12 @@ class PreferenceRun:
             self.compiled_iteration = host_iteration
         else:
             self.compiled_iteration = program(parts.iteration)
-        self._rollout_only = program(parts.rollout_only)
-        self._candidates = program(parts.candidates, static_argnums=4)
-        self._add = program(labels_lib.add_labels)
+        self._rollout_only = program(parts.rollout_only, quick=True)
+        self._candidates = program(parts.candidates, static_argnums=4, quick=True)
+        self._add = program(labels_lib.add_labels, quick=True)
         self._fit = self.ensemble.fitter(block=self.fit_steps)  # pretraining in blocks of an iteration's fit
-        self._evaluate_ensemble = program(self.ensemble.evaluate)
-        self._correlation = program(parts.correlation)
+        self._evaluate_ensemble = program(self.ensemble.evaluate, quick=True)
+        self._correlation = program(parts.correlation, quick=True)
         self._falls = program(parts.fall_diagnostics)
         self._score = program(parts.score_episodes)
         self._progress_metrics = program(parts.progress_metrics)
@@ -105,7 +105,7 @@ class PreferenceRun:
                 return evaluate(env, agent, params, key, cfg.eval_episodes, self.spec.horizon)
 
             # public with compiled_iteration: the diagnostics train fresh agents with the run's own
-            self.evaluate_policy = program(evaluate_policy)
+            self.evaluate_policy = program(evaluate_policy, quick=True)
 
     # ------------------------------------------------------------------ labels
     def _teacher(self, out: Path) -> Teacher:

@@ -186,7 +186,7 @@ class IbarzRun:
         # A.4's pretraining (50,000 batches) in blocks of an iteration's fit (6,250): one program for
         # both, the same steps (``RewardEnsemble.fitter``)
         self._fit = rm.fitter(block=cfg.rm_batches_per_iteration or None)
-        self._add = program(labels_lib.add_labels)
+        self._add = program(labels_lib.add_labels, quick=True)
         # the lowest loss any model could reach on the buffer's labels (Ibarz C, Fig. 7)
         self._label_bound = program(lambda buf: label_entropy_bound(buf.mu, rm.config.error_rate, buf.filled))
 
@@ -465,7 +465,7 @@ class IbarzRun:
         key = jax.random.PRNGKey(cfg.seed)
         key, k_agent, k_rm, k_env = split_keys(key, 4)
         self.agent_state = self.agent.init(k_agent)
-        self.rm_state = program(self.rm.init)(k_rm)
+        self.rm_state = program(self.rm.init, quick=True)(k_rm)
         self.env_state, self.obs = self.env.reset(k_env)
         self.key = key
         self.rng = np.random.default_rng(cfg.seed)

@@ -127,11 +127,11 @@ def _split(key, num: int) -> tuple[jax.Array, ...]:
     return tuple(jax.random.split(key, num))
 
 
-split_keys = program(_split, static_argnums=1)
+split_keys = program(_split, static_argnums=1, quick=True)
 """``tuple(jax.random.split(key, num))``: on the host one kept program per ``num`` (run op by op,
 the split and the unpacking were two programs, each traced, lowered and loaded at every start:
 ~0.2-0.4 s of the README job's warm start); inside a program, the split."""
-fold_in = program(jax.random.fold_in)
+fold_in = program(jax.random.fold_in, quick=True)
 """``jax.random.fold_in`` as a kept program (see ``split_keys``)."""
 
 
@@ -294,13 +294,13 @@ class RunParts:
             return (self.agent.init(k_agent), self.ensemble.init(k_ens),
                     self.ensemble.empty_buffer(self.label_capacity, self.seg_len))
 
-        return program(new_models)
+        return program(new_models, quick=True)
 
     @functools.cached_property
     def _reset(self):
         """The environments' reset: one compiled program for a pure-JAX task (op by op, ~10), as it is
         for envpool's emulators, which step outside any program."""
-        return program(self.env.reset) if self.can_evaluate else self.env.reset
+        return program(self.env.reset, quick=True) if self.can_evaluate else self.env.reset
 
     def query_counts(self) -> tuple[int, np.ndarray]:
         """The label schedule as counts, as the driver asks the synthetic oracle: (labels asked

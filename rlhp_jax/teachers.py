@@ -151,7 +151,7 @@ class OracleTeacher:
     def __init__(self, teacher: SyntheticTeacher):
         self.teacher = teacher
         self.responses = 0
-        self._label = program(self._label_first)
+        self._label = program(self._label_first, quick=True)
         self._answers: list[Answers] = []
 
     def _label_first(self, key, pairs: SegmentPairs, take):

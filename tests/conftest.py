@@ -31,8 +31,10 @@ from pathlib import Path
 # per-fusion code generation compiles the same programs in ~40 % less time (a tiny CartPole run's
 # 40 programs 16.7-17.7 s -> 9.8-11.0 s, a tiny Pong run's 50 programs 13.3 -> 7.9 s; the same
 # returns to the last digit; 2026-11-26, 2-core Xeon), and compilation is ~40 % of the suite's CPU time.
-FAST_COMPILE = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True,
-                "xla_cpu_use_fusion_emitters": False}
+# The options are the entry points' own for their quick programs (``compile_cache.QUICK_COMPILE``:
+# programs that run once); here every program gets them.
+from rlhp_jax.compile_cache import QUICK_COMPILE as FAST_COMPILE  # noqa: E402  (imports no JAX)
+
 _flags = os.environ.get("XLA_FLAGS", "").split()  # a pytest-xdist worker inherits its controller's
 os.environ["XLA_FLAGS"] = " ".join([*_flags, *(flag for flag in (f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
                                                if flag not in _flags)])

@@ -255,7 +255,7 @@ class ActorCriticAgent:
         self.config = config
         self.total_updates = total_updates
         self.pi = Policy(spec, config.hidden_sizes, config.activation, config.log_std_init, config.network)
-        self._init_jit = program(self._init)
+        self._init_jit = program(self._init, quick=True)
 
     def init(self, key: jax.Array) -> AgentState:
         return self._init_jit(key)  # jitted: eager flax init (orthogonal QR etc.) is slow on CPU
