@@ -230,8 +230,27 @@ class Program:
             built = self._built[signature] = self._build(statics, tree, leaves, len(args))
         if built is None:  # failed to trace or compile: jax.jit raises the error
             return self._plain(args, {})
-        call, out_tree = built
+        call, out_tree, _ = built
         return out_tree.unflatten(call(*leaves))
+
+    def ahead_of_time(self, *args):
+        """This program built now for arguments like ``args`` (arrays, or ``jax.ShapeDtypeStruct``\ s
+        of them; none static), so a caller can time compiling apart from running: a callable of
+        such arrays, with ``out_info`` (its results' shapes and dtypes).  Loaded from the cache, or
+        compiled and kept, as a first call would; with the cache off, compiled by ``jax.jit``."""
+        import jax
+
+        if self._static:
+            raise TypeError("ahead_of_time builds a program without static arguments")
+        if _kept_in is not None:
+            leaves, tree = jax.tree.flatten(list(args))
+            built = self._build((), tree, leaves, len(args))
+            if built is not None:
+                compiled, out_tree, out_avals = built
+                return _Built(lambda *xs: out_tree.unflatten(compiled(*jax.tree.leaves(list(xs)))),
+                              out_tree.unflatten(out_avals))
+        traced = self._top.trace(*args)  # the cache off, or a failure (jax.jit raises its error)
+        return _Built(traced.lower().compile(), traced.out_info)
 
     def _plain(self, args, kwargs):
         """Plain jax.jit: with this program's options, unless it is called inside another program."""
@@ -242,7 +261,7 @@ class Program:
         return (self._jit if inside else self._top)(*args, **kwargs)
 
     def _build(self, statics, tree, leaves, nargs):
-        """(compiled callable over the leaves, output tree), loaded from the cache or compiled and
+        """(compiled callable over the leaves, output tree, the results' abstract values), loaded from the cache or compiled and
         stored (unless :func:`_serialize` refuses it).  None for a program that fails to trace or
         compile: plain jax.jit then raises the same error, as it would have without this tier."""
         import jax
@@ -274,13 +293,27 @@ class Program:
                 compiled, keep = _compile(traced, self._options)
                 blob = _serialize(compiled, traced) if keep else None
                 if blob is None:  # runs here, as compiled, but is not kept
-                    return compiled, out_trees[0]
+                    return compiled, out_trees[0], traced.jaxpr.out_avals
                 _store(path, blob)
             _used[key] = None
         except Exception as e:  # a tracing error, a compiler error (jax.jit raises it again)
             _log.debug("program %s runs as plain jax.jit: %s", self.__name__, e)
             return None
-        return compiled, out_trees[0]
+        return compiled, out_trees[0], traced.jaxpr.out_avals
+
+
+class _Built:
+    """A program built by :meth:`Program.ahead_of_time`: called with its arguments as the program
+    is; ``out_info``, its results' shapes, dtypes and weak types."""
+
+    def __init__(self, call, out_info):
+        import jax
+
+        self._call = call
+        self.out_info = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type), out_info)
+
+    def __call__(self, *args):
+        return self._call(*args)
 
 
 def _signature(statics, tree, leaves):

@@ -31,9 +31,10 @@ vmapped step.  With a ``progress`` function the scan runs in blocks of iteration
 program called from the host once per block (``PROGRESS_UPDATES`` blocks at most), and the host
 hands each iteration's metrics to ``progress`` between blocks: a host callback inside the program
 would keep JAX from storing it in the persistent compilation cache, so a sweep with a bar would
-compile afresh every time.  With a ``mesh``, the
+compile afresh every time.  On one device the programs are ``compile_cache.jit``'s, kept in the
+cache as executables (a warm start traces them, and loads them without lowering).  With a ``mesh``, the
 lanes are sharded over its devices (``NamedSharding``; one device or many, one host or many —
-see ``rlhp_jax.distributed``).
+see ``rlhp_jax.distributed``), and JAX's own persistent cache keeps the programs.
 
 Limits: the synthetic oracle only (people answer on their own time); pure-JAX environments only
 (envpool steps C++ emulators the program cannot carry); no checkpoints inside the program —
@@ -52,6 +53,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlhp_jax.agents.common import evaluate
+from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.core import missing_like
 from rlhp_jax.loop import RunParts, TrainState, step_keys
 
@@ -358,25 +360,30 @@ class CompiledRun:
             self.check_mesh(mesh, keys.shape[0])
             keys = global_lanes(keys, mesh)
             hypers = global_lanes(hypers, mesh, hypers.lane_axes())
+        if mesh is None:  # one device: the executables are kept in the cache (compile_cache.jit)
+            build = lambda fn, *args: program(fn).ahead_of_time(*args)
+        else:  # split over devices: JAX's persistent cache keeps them
+            build = lambda fn, *args: jax.jit(fn).lower(*args).compile()
         if self.progress is None:
-            return jax.jit(self.lanes_fn(mesh)).lower(keys, hypers).compile(), keys, hypers
+            return build(self.lanes_fn(mesh), keys, hypers), keys, hypers
         block = -(-self.num_iters // PROGRESS_UPDATES) if block is None else int(block)
         if block < 1:
             raise ValueError(f"a block holds at least one iteration, got {block}")
         if jax.process_count() > 1:  # each process would read metrics it does not hold
             raise ValueError("a progress function needs one process; over several, run without one")
-        start = jax.jit(lambda k, h: self.start_lanes(k, h, mesh)).lower(keys, hypers).compile()
-        states = jax.eval_shape(lambda k, h: self.start_lanes(k, h, mesh), keys, hypers)
+        start_lanes = lambda k, h: self.start_lanes(k, h, mesh)
+        start = build(start_lanes, keys, hypers)
+        # the states' shapes: the start's results (traced once more over a mesh, for their shardings)
+        states = start.out_info if mesh is None else jax.eval_shape(start_lanes, keys, hypers)
         its = jax.ShapeDtypeStruct((block,), jnp.int32)
-        iterate = jax.jit(lambda s, h, i: self.iterate_lanes(s, h, i, mesh, pad=self.num_iters % block != 0))
-        return _Blocks(start, iterate.lower(states, hypers, its).compile(), block, self.num_iters,
-                       self.progress), keys, hypers
+        iterate = lambda s, h, i: self.iterate_lanes(s, h, i, mesh, pad=self.num_iters % block != 0)
+        return _Blocks(start, build(iterate, states, hypers, its), block, self.num_iters, self.progress), keys, hypers
 
     def train_lanes(self, keys, hypers: Hyper, mesh: Mesh | None = None, block: int | None = None):
         """Run every lane at once (compiled): returns (final states [L], metrics [L, iterations]);
         read sharded results with ``distributed.gather``.  ``block``: see ``compile_lanes``."""
-        program, keys, hypers = self.compile_lanes(keys, hypers, mesh, block)
-        return program(keys, hypers)
+        run, keys, hypers = self.compile_lanes(keys, hypers, mesh, block)
+        return run(keys, hypers)
 
 
 class _Blocks:

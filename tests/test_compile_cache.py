@@ -390,6 +390,29 @@ def test_a_quick_program_compiles_with_quick_options_under_its_own_key(kept, mon
     assert jits.count(compile_cache.QUICK_COMPILE) == 1  # its own call; inside, plain jax.jit
 
 
+def test_ahead_of_time_builds_from_shapes_and_a_second_build_loads(kept, monkeypatch):
+    """``ahead_of_time``: built before it runs, from arrays or only their shapes (the compiled
+    loop's blocks), with its results' shapes; a second program of the same function loads it."""
+    shapes = ({"w": jax.ShapeDtypeStruct((2, 3), jnp.float32), "n": jax.ShapeDtypeStruct((), jnp.int32)},
+              jax.ShapeDtypeStruct((2, 3), jnp.float32))
+    calls = _compiles(monkeypatch)
+    step = lambda state, x: _state_step(state, x, 2.0)
+    first = compile_cache.jit(step).ahead_of_time(*shapes)
+    assert len(calls) == 1 and len(_entries(kept, compile_cache.EXECUTABLE)) == 1
+    assert jax.tree.map(lambda a: (a.shape, a.dtype, a.weak_type), first.out_info) == \
+        jax.tree.map(lambda a: (a.shape, a.dtype, a.weak_type), jax.eval_shape(step, *shapes))
+    x = jnp.ones((2, 3))
+    second = compile_cache.jit(step).ahead_of_time(STATE, x)
+    assert len(calls) == 1  # loaded
+    for got in (first(STATE, x), second(STATE, x)):
+        jax.tree.map(np.testing.assert_array_equal, got, jax.jit(step)(STATE, x))
+    monkeypatch.setattr(compile_cache, "_kept_in", None)  # the cache off: jax.jit's own compilation
+    jax.tree.map(np.testing.assert_array_equal, compile_cache.jit(step).ahead_of_time(*shapes)(STATE, x),
+                 first(STATE, x))
+    with pytest.raises(TypeError, match="static"):
+        compile_cache.jit(_state_step, static_argnums=2).ahead_of_time(STATE, x, 2.0)
+
+
 def test_the_hosts_key_splits_are_kept_programs_that_split_as_jax_random_does(kept):
     from rlhp_jax.loop import fold_in, split_keys
 

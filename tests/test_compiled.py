@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import pytest
 
+from rlhp_jax import compile_cache
 from rlhp_jax.compiled import CompiledRun
 from rlhp_jax.driver import PreferenceRun
 import lanes_check
@@ -219,6 +220,8 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch):
         return compile_lanes(self, *args, **kwargs)
 
     monkeypatch.setattr(CompiledRun, "compile_lanes", recording)
+    compiled, compile_ = [], compile_cache._compile  # the kept programs compiled (not loaded)
+    monkeypatch.setattr(compile_cache, "_compile", lambda traced, *a: compiled.append(traced.fun_name) or compile_(traced, *a))
     summary = sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(out),
                          "--no-progress", "--pass-at", "130"])
     # no bar, no host callback in the program: JAX would not keep it in the persistent cache
@@ -234,6 +237,15 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch):
     final = [[r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None][-1] for s in (0, 1)]
     assert summary["settings"][0]["pass_at"] == 130
     assert summary["settings"][0]["seeds_passing"] == sum(f >= 130 for f in final)
+    # run again: on one device the program's executable is kept (compile_cache.jit), so the second
+    # sweep loads it, compiling nothing, and computes the same to the bit
+    assert compiled == ["run"]
+    compiled.clear()
+    sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(tmp_path / "again"),
+               "--no-progress", "--pass-at", "130"])
+    assert compiled == []
+    numbers = lambda path: [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")} for line in open(path)]
+    assert numbers(tmp_path / "again" / "metrics.jsonl") == numbers(out / "metrics.jsonl")
 
 
 def _fake_sweep(path, env, source, steps=(100, 200, 300)):
