@@ -81,10 +81,11 @@ from typing import Any
 import jax
 import numpy as np
 
-try:  # the name orbax gives a step directory while it is being written
-    from orbax.checkpoint._src.path.atomicity_types import TMP_DIR_SUFFIX as ORBAX_TMP_SUFFIX
-except ImportError:  # a private module: fall back to its value in orbax-checkpoint 0.12
-    ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+# The name orbax gives a step directory while it is being written (orbax-checkpoint 0.12's
+# ``TMP_DIR_SUFFIX``; tests/test_checkpoint.py checks it against the installed orbax).  A constant,
+# not read from orbax: importing orbax (~0.3-0.7 s, with tensorstore and scipy) is left to the
+# first save, on the checkpoint thread, or to a restore, so a fresh run's start does not pay it.
+ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 __all__ = ["CheckpointError", "Checkpointer"]
 

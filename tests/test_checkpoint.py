@@ -80,6 +80,19 @@ def step_dirs(d: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- basics
+def test_orbax_is_imported_by_the_first_save_not_by_a_run_start(tmp_path):
+    """The driver and the checkpointer import no orbax (~0.3-0.7 s of a start): the first save
+    does, on the checkpoint thread.  The name orbax gives a step being written is ours as a
+    constant, so it must be the installed orbax's."""
+    from orbax.checkpoint._src.path.atomicity_types import TMP_DIR_SUFFIX
+
+    assert ORBAX_TMP_SUFFIX == TMP_DIR_SUFFIX
+    code = ("import sys, jax.numpy as jnp, rlhp_jax.driver, experiments.classic; from rlhp_jax.checkpoint import Checkpointer; "
+            f"c = Checkpointer({str(tmp_path)!r}); assert c.latest_step() is None; assert 'orbax' not in sys.modules; "
+            "c.save(1, {'x': jnp.ones(2)}, {}); c.close(); assert 'orbax.checkpoint' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_round_trip_nested_pytree_and_meta(tmp_path):
     ckpt = Checkpointer(tmp_path / "ck")
     state = make_learner(7)
