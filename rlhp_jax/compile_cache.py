@@ -261,9 +261,10 @@ class Program:
         return (self._jit if inside else self._top)(*args, **kwargs)
 
     def _build(self, statics, tree, leaves, nargs):
-        """(compiled callable over the leaves, output tree, the results' abstract values), loaded from the cache or compiled and
-        stored (unless :func:`_serialize` refuses it).  None for a program that fails to trace or
-        compile: plain jax.jit then raises the same error, as it would have without this tier."""
+        """(compiled callable over the leaves, output tree, the results' abstract values), loaded
+        from the cache or compiled and stored (unless :func:`_serialize` refuses it).  None for a
+        program that fails to trace or compile: plain jax.jit then raises the same error, as it
+        would have without this tier."""
         import jax
 
         out_trees = []

@@ -95,6 +95,8 @@ class PreferenceRun:
         self._fit = self.ensemble.fitter(block=self.fit_steps)  # pretraining in blocks of an iteration's fit
         self._evaluate_ensemble = program(self.ensemble.evaluate, quick=True)
         self._correlation = program(parts.correlation, quick=True)
+        # quick (compile_cache.QUICK_COMPILE): programs run once or cheap per iteration; the agent's
+        # iteration and the fit are not, nor these reductions, whose logged floats the quick options move
         self._falls = program(parts.fall_diagnostics)
         self._score = program(parts.score_episodes)
         self._progress_metrics = program(parts.progress_metrics)

@@ -87,7 +87,8 @@ def test_orbax_is_imported_by_the_first_save_not_by_a_run_start(tmp_path):
     from orbax.checkpoint._src.path.atomicity_types import TMP_DIR_SUFFIX
 
     assert ORBAX_TMP_SUFFIX == TMP_DIR_SUFFIX
-    code = ("import sys, jax.numpy as jnp, rlhp_jax.driver, experiments.classic; from rlhp_jax.checkpoint import Checkpointer; "
+    code = ("import sys, jax.numpy as jnp, rlhp_jax.driver, experiments.classic; "
+            "from rlhp_jax.checkpoint import Checkpointer; "
             f"c = Checkpointer({str(tmp_path)!r}); assert c.latest_step() is None; assert 'orbax' not in sys.modules; "
             "c.save(1, {'x': jnp.ones(2)}, {}); c.close(); assert 'orbax.checkpoint' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -222,7 +222,8 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(CompiledRun, "compile_lanes", recording)
     compiled, compile_ = [], compile_cache._compile  # the kept programs compiled (not loaded)
-    monkeypatch.setattr(compile_cache, "_compile", lambda traced, *a: compiled.append(traced.fun_name) or compile_(traced, *a))
+    monkeypatch.setattr(compile_cache, "_compile",
+                        lambda traced, *a: compiled.append(traced.fun_name) or compile_(traced, *a))
     summary = sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(out),
                          "--no-progress", "--pass-at", "130"])
     # no bar, no host callback in the program: JAX would not keep it in the persistent cache
