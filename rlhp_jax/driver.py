@@ -75,9 +75,16 @@ class PreferenceRun:
     # ------------------------------------------------------------------ compiled pieces
     def _build_functions(self):
         parts, cfg = self.parts, self.cfg
-        if self.iteration_loop == "host":  # a CNN policy on CPU: the K updates as a host loop (see loop.py)
-            update_jit, finish_jit, keys_jit = program(parts.one_update), program(parts.finish), \
-                program(parts.update_keys)
+        if self.iteration_loop == "host" or not parts.can_evaluate:
+            # a host loop over the K updates: a CNN policy on CPU (see loop.py), or an envpool task, whose
+            # steps no process can load compiled (envpool's calls carry its object's address): its acting
+            # compiles at every start, its learning is kept apart in the cache
+            finish_jit, keys_jit = program(parts.finish), program(parts.update_keys)
+            if parts.can_evaluate:
+                update_jit = program(parts.one_update)
+            else:
+                act_jit, learn_jit = program(parts.act_once), program(parts.learn_once)
+                update_jit = lambda carry, k: learn_jit(*act_jit(carry, k))
 
             def host_iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
                 carry, outs = (agent_state, env_state, obs, ens_state, reward_scale), []

@@ -421,11 +421,20 @@ class RunParts:
 
     def one_update(self, carry, key):
         """Collect one rollout on r̂ (or the baseline's true reward) and update the agent once."""
-        agent, env = self.agent, self.env
+        return self.learn_once(*self.act_once(carry, key))
+
+    def act_once(self, carry, key):
+        """``one_update``'s acting: (carry with the environments stepped, the rollout, the update's key)."""
         agent_state, env_state, obs, ens_state, reward_scale = carry
         k_roll, k_upd = jax.random.split(key)
-        env_state, obs, rollout = collect_rollout(env, agent.policy, agent_state.params, env_state, obs,
-                                                  k_roll, agent.config.num_steps)
+        env_state, obs, rollout = collect_rollout(self.env, self.agent.policy, agent_state.params, env_state, obs,
+                                                  k_roll, self.agent.config.num_steps)
+        return (agent_state, env_state, obs, ens_state, reward_scale), rollout, k_upd
+
+    def learn_once(self, carry, rollout, k_upd):
+        """``one_update``'s learning: r̂ (or the baseline's reward) on the rollout, one agent update."""
+        agent = self.agent
+        agent_state, env_state, obs, ens_state, reward_scale = carry
         if self.learn:
             member_r = self.member_rewards(ens_state, rollout)
             rewards = self.agent_rewards(ens_state, member_r)

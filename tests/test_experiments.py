@@ -30,11 +30,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------ entry points, tiny budgets
-def test_mujoco_entry_point_trpo_end_to_end(tmp_path):
+def test_mujoco_entry_point_trpo_end_to_end(tmp_path, monkeypatch):
+    from rlhp_jax import compile_cache
+
     out = tmp_path / "cheetah"
-    rc = mujoco.main(["--env", "HalfCheetah", "--labels", "12", "--steps", "2048",
-                      "--agent-config", "num_envs=2", "num_steps=512", "--out", str(out), "--no-progress"])
+    argv = ["--env", "HalfCheetah", "--labels", "12", "--steps", "2048", "--agent-config", "num_envs=2",
+            "num_steps=512", "--no-progress"]
+    rc = mujoco.main([*argv, "--out", str(out)])
     assert rc == 0
+    # run again: envpool's steps cannot be loaded into another process (its calls carry the address of
+    # the process's own environment object), so the acting compiles again; everything else, the agent's
+    # learning included, is loaded from the cache, and the run computes the same
+    compiled, compile_ = [], compile_cache._compile
+    monkeypatch.setattr(compile_cache, "_compile",
+                        lambda traced, *a: compiled.append(traced.fun_name) or compile_(traced, *a))
+    assert mujoco.main([*argv, "--out", str(tmp_path / "again")]) == 0
+    assert sorted(compiled) == ["act_once", "rollout_only"]
+    numbers = lambda run: [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("wall_s", "steps_per_s")}
+                           for r in read_jsonl(run / "metrics.jsonl")]
+    assert numbers(tmp_path / "again") == numbers(out)
     rows, summary = run_outputs_ok(out, 2)
     assert summary["agent"] == "trpo" and summary["labels"] == 12 == rows[-1]["labels"]
     cfg = json.loads((out / "config.json").read_text())
