@@ -186,7 +186,7 @@ class Program:
         self._fn = fn
         self._static = (static_argnums,) if isinstance(static_argnums, int) else tuple(sorted(static_argnums))
         self._quick = quick
-        self._built: dict[Any, tuple[Callable, Any] | None] = {}
+        self._built: dict[Any, tuple[Callable, Any, Any] | None] = {}  # signature -> _build's result
         self.__name__ = getattr(fn, "__name__", "program")
 
     @functools.cached_property
@@ -211,7 +211,7 @@ class Program:
             if self._options else self._jit
 
     def __getattr__(self, name):  # lower, trace, eval_shape, ...: jax.jit's
-        if name.startswith("_"):  # not set yet (cached properties, during __init__)
+        if name.startswith("_") and not name.startswith("__"):  # this object's own, not set (yet)
             raise AttributeError(name)
         return getattr(self._top, name)
 
@@ -253,12 +253,15 @@ class Program:
         return _Built(traced.lower().compile(), traced.out_info)
 
     def _plain(self, args, kwargs):
-        """Plain jax.jit: with this program's options, unless it is called inside another program."""
-        import jax
-        from jax.core import Tracer
+        """Plain jax.jit: with this program's options, unless it is called inside another program
+        (its arguments are walked for tracers only when it has options)."""
+        if self._options:
+            import jax
+            from jax.core import Tracer
 
-        inside = any(isinstance(x, Tracer) for x in jax.tree.leaves((args, kwargs)))
-        return (self._jit if inside else self._top)(*args, **kwargs)
+            if not any(isinstance(x, Tracer) for x in jax.tree.leaves((args, kwargs))):
+                return self._top(*args, **kwargs)
+        return self._jit(*args, **kwargs)
 
     def _build(self, statics, tree, leaves, nargs):
         """(compiled callable over the leaves, output tree, the results' abstract values), loaded
