@@ -35,7 +35,7 @@ from rlhp_jax import labels as labels_lib
 from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config import RunConfig
-from rlhp_jax.loop import RunParts, TrainState, chunk_keys, fold_in, query_chunks, step_keys
+from rlhp_jax.loop import RunParts, TrainState, chunk_keys, fold_in, query_chunks, split_keys, step_keys
 from rlhp_jax.metrics import finite_or_none, import_plotting_ahead, nanmean_or_none, plot_learning_curve, read_jsonl
 from rlhp_jax.runs import continues_from_checkpoint, open_run, write_summary
 from rlhp_jax.teachers import OracleTeacher, Teacher
@@ -83,8 +83,14 @@ class PreferenceRun:
             if parts.can_evaluate:
                 update_jit = program(parts.one_update)
             else:
-                act_jit, learn_jit = program(parts.act_once), program(parts.learn_once)
-                update_jit = lambda carry, k: learn_jit(*act_jit(carry, k))
+                # act_once as a kept key split and collect, the one program compiled at every start
+                collect_jit, learn_jit = program(parts.collect), program(parts.learn_once)
+
+                def update_jit(carry, k):
+                    agent_state, env_state, obs, ens_state, reward_scale = carry
+                    k_roll, k_upd = split_keys(k, 2)
+                    env_state, obs, rollout = collect_jit(agent_state, env_state, obs, k_roll)
+                    return learn_jit((agent_state, env_state, obs, ens_state, reward_scale), rollout, k_upd)
 
             def host_iteration(agent_state, env_state, obs, ens_state, reward_scale, key):
                 carry, outs = (agent_state, env_state, obs, ens_state, reward_scale), []
@@ -97,6 +103,15 @@ class PreferenceRun:
         else:
             self.compiled_iteration = program(parts.iteration)
         self._rollout_only = program(parts.rollout_only, quick=True)
+        if not parts.can_evaluate and parts.updates_per_iter == 1:
+            # the first rollout is then one update's: the acting program the iteration compiles anyway
+            member_rewards_jit = program(parts.member_rewards, quick=True)
+
+            def rollout_only(agent_state, env_state, obs, ens_state, key):
+                env_state, obs, rollout = collect_jit(agent_state, env_state, obs, key)
+                return env_state, obs, rollout, member_rewards_jit(ens_state, rollout)
+
+            self._rollout_only = rollout_only
         self._candidates = program(parts.candidates, static_argnums=4, quick=True)
         self._add = program(labels_lib.add_labels, quick=True)
         self._fit = self.ensemble.fitter(block=self.fit_steps)  # pretraining in blocks of an iteration's fit

@@ -427,9 +427,13 @@ class RunParts:
         """``one_update``'s acting: (carry with the environments stepped, the rollout, the update's key)."""
         agent_state, env_state, obs, ens_state, reward_scale = carry
         k_roll, k_upd = jax.random.split(key)
-        env_state, obs, rollout = collect_rollout(self.env, self.agent.policy, agent_state.params, env_state, obs,
-                                                  k_roll, self.agent.config.num_steps)
+        env_state, obs, rollout = self.collect(agent_state, env_state, obs, k_roll)
         return (agent_state, env_state, obs, ens_state, reward_scale), rollout, k_upd
+
+    def collect(self, agent_state, env_state, obs, key):
+        """One agent update's rollout from ``key``: (env_state, obs, rollout)."""
+        return collect_rollout(self.env, self.agent.policy, agent_state.params, env_state, obs, key,
+                               self.agent.config.num_steps)
 
     def learn_once(self, carry, rollout, k_upd):
         """``one_update``'s learning: r̂ (or the baseline's reward) on the rollout, one agent update."""
@@ -464,7 +468,8 @@ class RunParts:
         return self.finish(*jax.lax.scan(self.one_update, carry, self.update_keys(key)))
 
     def rollout_only(self, agent_state, env_state, obs, ens_state, key):
-        """An iteration's worth of acting without updates: (env_state, obs, rollout, member rewards)."""
+        """An iteration's worth of acting without updates: (env_state, obs, rollout, member rewards).
+        With one update an iteration (``updates_per_iter`` 1) the acting is ``collect``'s."""
         env_state, obs, rollout = collect_rollout(self.env, self.agent.policy, agent_state.params, env_state, obs,
                                                   key, self.rollout_len)
         return env_state, obs, rollout, self.member_rewards(ens_state, rollout)
