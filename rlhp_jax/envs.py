@@ -26,10 +26,8 @@ The modifications of Christiano et al. 2017, appendix A, live here and only here
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import sys
-import types
 from typing import Any
 
 import jax
@@ -38,45 +36,12 @@ from flax import struct
 
 from rlhp_jax import tasks
 from rlhp_jax.core import EnvSpec, StepOut, VecEnv
+from rlhp_jax.deferred import defer
 
 
-# gymnax's package imports every environment it has, and with them seaborn and matplotlib.pyplot
-# (for its own rendering, which this project never calls): ~1.6 s of each process's start-up
-# (seaborn pulls in scipy.stats and pandas), more than loading a CartPole run's programs from a
-# warm cache.  Those two stand deferred while gymnax is imported: each is a placeholder module
-# until one of its attributes is read, and then the real module (imported by whoever uses it:
-# the learning-curve plot loads pyplot as it always did).  importlib.util.LazyLoader cannot do
-# this: an ``import`` statement reads the module's ``__spec__``, which loads it.
+# gymnax's package imports seaborn and matplotlib.pyplot for its own rendering, which this
+# project never calls: they stand deferred while gymnax is imported (``deferred``).
 GYMNAX_PLOTTING_IMPORTS = ("seaborn", "matplotlib.pyplot")
-
-
-class _Deferred(types.ModuleType):
-    """Stands in ``sys.modules`` for a module not yet imported; the first attribute read imports
-    the real one, puts it in the placeholder's place and copies its namespace into the
-    placeholder (which the importers that ran meanwhile hold)."""
-
-    def __getattr__(self, attr: str):  # only for names the placeholder lacks
-        name = self.__name__
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        real = importlib.import_module(name)
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, real)
-        self.__dict__.update(vars(real))
-        return getattr(real, attr)
-
-
-def _defer(name: str) -> None:
-    if name in sys.modules:
-        return
-    parent, _, child = name.rpartition(".")
-    if parent:
-        importlib.import_module(parent)  # ``import a.b as c`` reads b as an attribute of a
-    placeholder = _Deferred(name)
-    sys.modules[name] = placeholder
-    if parent:
-        setattr(sys.modules[parent], child, placeholder)
 
 
 def import_gymnax():
@@ -84,7 +49,7 @@ def import_gymnax():
     if "gymnax" not in sys.modules:
         for name in GYMNAX_PLOTTING_IMPORTS:
             if importlib.util.find_spec(name.partition(".")[0]) is not None:  # else gymnax's import says so
-                _defer(name)
+                defer(name)
     import gymnax
 
     return gymnax

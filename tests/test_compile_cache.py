@@ -315,17 +315,23 @@ def test_only_custom_calls_another_process_can_run_are_kept(kept, monkeypatch, t
 
 
 def test_a_program_calling_lapack_runs_from_the_cache_in_a_fresh_process(tmp_path):
-    """Flax's orthogonal initializer (the agents' networks) calls LAPACK's QR."""
+    """Flax's orthogonal initializer (the agents' networks) calls LAPACK's QR.  Loaded from the
+    cache, the program's LAPACK is bound without running ``scipy.linalg``'s package (only its two
+    Cython modules, ``deferred.load_extensions``), and the package still works when imported later."""
     script = (f"import sys, jax, jax.numpy as jnp; from rlhp_jax import compile_cache as c; "
               f"c._kept_in = __import__('pathlib').Path({str(tmp_path)!r}); "
-              f"print(float(c.jit(lambda k: jax.nn.initializers.orthogonal()(k, (8, 8)).sum())(jax.random.key(1))))")
+              f"print(float(c.jit(lambda k: jax.nn.initializers.orthogonal()(k, (8, 8)).sum())(jax.random.key(1)))); "
+              f"print(type(sys.modules['scipy.linalg']).__name__); "
+              f"import scipy.linalg; print(scipy.linalg.solve([[2.0, 0.0], [0.0, 4.0]], [1.0, 1.0]).tolist())")
     outs = []
     for _ in range(2):
         proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        outs.append(proc.stdout.strip())
+        outs.append(proc.stdout.split())
     (entry,) = tmp_path.glob(f"*{compile_cache.EXECUTABLE}")
-    assert entry.read_bytes().startswith(b"rlhp-exec-2 lapack=1 ") and outs[0] == outs[1]
+    assert entry.read_bytes().startswith(b"rlhp-exec-2 lapack=1 ") and outs[0][0] == outs[1][0]
+    # compiled: JAX's lowering imported scipy.linalg whole; loaded: it stood deferred until used
+    assert outs[0][1:] == ["module", "[0.5,", "0.25]"] and outs[1][1:] == ["Deferred", "[0.5,", "0.25]"]
 
 
 def test_a_workload_reads_its_last_runs_executables_ahead(kept, monkeypatch):
