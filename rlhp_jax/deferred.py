@@ -1,10 +1,14 @@
 """Modules that stand in ``sys.modules`` until they are used (layer 0: start-up plumbing).
 
-Two imports the project's runs never need, and pay for at every start, go through here:
+Imports the project's runs never need, and would pay for at every start, go through here:
 
 * gymnax imports every environment it has, and with them seaborn and ``matplotlib.pyplot`` for
   its own rendering, which this project never calls (~1.6 s: seaborn pulls in scipy.stats and
-  pandas).  ``envs.import_gymnax`` defers them with :func:`defer`.
+  pandas).  ``envs.import_gymnax`` defers them (:func:`import_module`).
+* tensorboardX imports PyTorch when it is installed, for a type annotation (1.2-1.3 s on a 2-core
+  CPU), and boto3 and Google Cloud Storage for ``s3://`` and ``gs://`` log directories (boto3:
+  ~0.2 s).  ``metrics.TensorBoardWriter`` imports it with PyTorch blocked and the other two
+  deferred (:func:`import_module`).
 * XLA:CPU's LAPACK routines (the orthogonal initializer's QR) are bound by importing SciPy's
   ``scipy.linalg.cython_blas`` and ``cython_lapack`` for their function pointers, and importing
   them runs all of ``scipy.linalg``'s ``__init__`` (~0.15 s of a warm start's 2 s, on the thread
@@ -85,3 +89,34 @@ def load_extensions(package: str, names: tuple[str, ...]) -> bool:
             sys.modules.pop(f"{package}.{name}", None)
         return False
     return True
+
+
+def installed(name: str) -> bool:
+    """Whether module ``name`` can be imported (its parent packages are imported to find out)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent missing, or a placeholder without a spec
+        return False
+
+
+def import_module(name: str, deferring: tuple[str, ...] = (), blocking: tuple[str, ...] = ()):
+    """Import module ``name`` with each module of ``deferring`` that is installed and not yet
+    imported standing deferred (:func:`defer`), and each of ``blocking`` not yet imported made
+    unimportable while it runs: for optional imports that ``name`` only probes (``try: import x``)
+    and reads an attribute of at once, so a placeholder would not stay one.  A blocked module is
+    importable again as soon as this returns (only this thread imports meanwhile)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    for other in deferring:
+        if other not in sys.modules and installed(other):
+            defer(other)
+    blocked = [other for other in blocking if other not in sys.modules]
+    for other in blocked:
+        sys.modules[other] = None  # ``import other`` raises ImportError
+    try:
+        return importlib.import_module(name)
+    finally:
+        for other in blocked:
+            if sys.modules.get(other, 0) is None:
+                del sys.modules[other]
+

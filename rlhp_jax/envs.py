@@ -26,17 +26,14 @@ The modifications of Christiano et al. 2017, appendix A, live here and only here
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from rlhp_jax import tasks
+from rlhp_jax import deferred, tasks
 from rlhp_jax.core import EnvSpec, StepOut, VecEnv
-from rlhp_jax.deferred import defer
 
 
 # gymnax's package imports seaborn and matplotlib.pyplot for its own rendering, which this
@@ -46,13 +43,7 @@ GYMNAX_PLOTTING_IMPORTS = ("seaborn", "matplotlib.pyplot")
 
 def import_gymnax():
     """``gymnax``, imported with its plotting libraries deferred (``GYMNAX_PLOTTING_IMPORTS``)."""
-    if "gymnax" not in sys.modules:
-        for name in GYMNAX_PLOTTING_IMPORTS:
-            if importlib.util.find_spec(name.partition(".")[0]) is not None:  # else gymnax's import says so
-                defer(name)
-    import gymnax
-
-    return gymnax
+    return deferred.import_module("gymnax", deferring=GYMNAX_PLOTTING_IMPORTS)
 
 
 @struct.dataclass

@@ -259,6 +259,9 @@ def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -
     return _save_figure(fig, axes, title, path)
 
 
+TENSORBOARDX_OPTIONAL = ("boto3", "google.cloud.storage")  # what tensorboardX imports for remote log directories
+
+
 class TensorBoardWriter:
     """Writes the numbers of metric rows as TensorBoard scalars (``events.out.tfevents.*`` in ``logdir``).
 
@@ -272,7 +275,12 @@ class TensorBoardWriter:
     def __init__(self, logdir: str | os.PathLike, purge_step: int | None = None):
         import time
 
-        from tensorboardX import SummaryWriter
+        from rlhp_jax import deferred
+
+        # without PyTorch (imported for a type annotation), boto3 and Google Cloud Storage (for
+        # s3:// and gs:// directories) until used: up to ~1.5 s of every run's start (``deferred``)
+        SummaryWriter = deferred.import_module("tensorboardX", deferring=TENSORBOARDX_OPTIONAL,
+                                               blocking=("torch",)).SummaryWriter
 
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)

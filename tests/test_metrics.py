@@ -90,3 +90,35 @@ def test_a_true_reward_sweep_plots_no_empty_correlation_panel(tmp_path):
         path = plot_sweep({"a": dict(curves, reward_correlation=corr)}, steps, tmp_path / f"{len(widths)}.png")
         widths.append(matplotlib.image.imread(path).shape[1])
     assert widths == [2 * 550, 3 * 550]  # 5 inches a panel at 110 dpi
+
+
+OPTIONAL_IMPORTS_CHECK = r"""
+import sys
+from rlhp_jax.metrics import TensorBoardWriter
+
+with TensorBoardWriter(sys.argv[1]) as writer:
+    writer.scalars(1, {"a": 1.0})
+print("torch" in sys.modules, type(sys.modules["boto3"]).__name__)
+import torch, boto3  # both importable afterwards: torch as usual, boto3 through its placeholder
+print(torch.MARK, boto3.MARK)
+"""
+
+
+def test_tensorboard_writer_imports_neither_torch_nor_boto3(tmp_path):
+    """tensorboardX imports PyTorch (for a type annotation) and boto3 (for s3:// directories)
+    when they are installed: over a second of every run's start.  Stand-ins for both on the path
+    show the writer imports neither, and that both import normally afterwards."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for name in ("torch", "boto3"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"MARK = 'stand-in {name}'\nclass Tensor: pass\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])}
+    out = subprocess.run([sys.executable, "-c", OPTIONAL_IMPORTS_CHECK, str(tmp_path / "tb")], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["False Deferred", "stand-in torch stand-in boto3"], out.stdout
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
