@@ -104,7 +104,8 @@ def import_module(name: str, deferring: tuple[str, ...] = (), blocking: tuple[st
     imported standing deferred (:func:`defer`), and each of ``blocking`` not yet imported made
     unimportable while it runs: for optional imports that ``name`` only probes (``try: import x``)
     and reads an attribute of at once, so a placeholder would not stay one.  A blocked module is
-    importable again as soon as this returns (only this thread imports meanwhile)."""
+    importable again as soon as this returns; meanwhile it is blocked for every thread, so call
+    this where no other thread imports it (the entry points' main thread, opening a run)."""
     if name in sys.modules:
         return sys.modules[name]
     for other in deferring:

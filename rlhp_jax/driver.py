@@ -75,6 +75,9 @@ class PreferenceRun:
     # ------------------------------------------------------------------ compiled pieces
     def _build_functions(self):
         parts, cfg = self.parts, self.cfg
+        # an envpool task's acting compiles at every start (below): one program, for every update and,
+        # with one update an iteration, for the first rollout too
+        collect_jit = None if parts.can_evaluate else program(parts.collect)
         if self.iteration_loop == "host" or not parts.can_evaluate:
             # a host loop over the K updates: a CNN policy on CPU (see loop.py), or an envpool task, whose
             # steps no process can load compiled (envpool's calls carry its object's address): its acting
@@ -83,8 +86,7 @@ class PreferenceRun:
             if parts.can_evaluate:
                 update_jit = program(parts.one_update)
             else:
-                # act_once as a kept key split and collect, the one program compiled at every start
-                collect_jit, learn_jit = program(parts.collect), program(parts.learn_once)
+                learn_jit = program(parts.learn_once)  # act_once as a kept key split and collect
 
                 def update_jit(carry, k):
                     agent_state, env_state, obs, ens_state, reward_scale = carry
@@ -103,7 +105,7 @@ class PreferenceRun:
         else:
             self.compiled_iteration = program(parts.iteration)
         self._rollout_only = program(parts.rollout_only, quick=True)
-        if not parts.can_evaluate and parts.updates_per_iter == 1:
+        if collect_jit is not None and parts.updates_per_iter == 1:
             # the first rollout is then one update's: the acting program the iteration compiles anyway
             member_rewards_jit = program(parts.member_rewards, quick=True)
 
