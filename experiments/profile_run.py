@@ -3,6 +3,7 @@
     python -m experiments.profile_run experiments.classic --env Pendulum-v1 --labels 1000 --steps 100000
     python -m experiments.profile_run experiments.mujoco --env Hopper --labels 700 --steps 49152
     python -m experiments.profile_run --json prof.json experiments.atari --env Pong --labels 500 --steps 8000
+    python -m experiments.profile_run --imports experiments.classic --env CartPole-v1
 
 Runs ``python -m MODULE ARGS --out TMP --no-progress`` (``--out`` given in ARGS is kept, and the
 run is then left on disk; with ``--resume RUN_DIR`` the resumed run is profiled, from the rows this
@@ -26,7 +27,10 @@ fetched from the device, ``eval`` = evaluation episodes; Ibarz's protocol has it
   to its stderr and this script keeps off the screen): how many were traced, lowered, compiled
   and loaded from the persistent cache, the seconds of each stage, and the programs that cost
   most.  Every program is traced at every start, cached or not, and those not built with
-  ``compile_cache.jit`` are lowered again too; a run with many programs pays for them even warm.
+  ``compile_cache.jit`` are lowered again too; a run with many programs pays for them even warm;
+* with ``--imports``, the slow top-level imports (``python -X importtime``): what start-up spends
+  on libraries, such as one a dependency imports only to probe for it (tensorboardX imported
+  PyTorch for a type annotation: BUILD_NOTES, "What a warm start imports").
 
 So the next bottleneck is on one screen.  Record findings in BUILD_NOTES.md with the device.
 """
@@ -52,6 +56,8 @@ STAGES = {
     "compiled": re.compile(r"Finished XLA compilation of jit\((\S+?)\) in ([0-9.e+-]+) sec"),
 }
 CACHE_HIT = re.compile(r"Persistent compilation cache hit for 'jit_(\S+?)'")
+# ``python -X importtime``: self and cumulative microseconds, then the module indented by its depth
+IMPORT_TIME = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)\s*$")
 COMPILE_LOG = re.compile(r"^(WARNING|INFO|DEBUG):jax\._src\.|^Compiling |^Finished |^Persistent compilation cache")
 
 
@@ -109,6 +115,19 @@ def programs(log_lines) -> dict:
     return out
 
 
+def imports(lines, min_s: float = 0.05) -> list[tuple[str, float]]:
+    """The top-level imports of ``python -X importtime`` lines that took at least ``min_s``
+    seconds with everything they imported, slowest first: (module, seconds).  Top level means
+    imported by the run's own code or a library's import at call time, on any thread (orbax on the
+    checkpoint thread, SciPy's LAPACK modules on the reading-ahead one)."""
+    out = []
+    for line in lines:
+        m = IMPORT_TIME.match(line)
+        if m and len(m.group(3)) == 1 and int(m.group(2)) >= min_s * 1e6:
+            out.append((m.group(4), int(m.group(2)) / 1e6))
+    return sorted(out, key=lambda kv: -kv[1])
+
+
 def programs_text(p: dict) -> str:
     t, l, c = p["traced"], p["lowered"], p["compiled"]
     top = ", ".join(f"{name} {sec:.2f} s" for name, sec in p["costliest"])
@@ -131,12 +150,18 @@ def table(b: dict) -> str:
     lines.append(f"| finish (last checkpoint, summary, plots, exit) | {b['finish_s']:.2f} | {pct(b['finish_s'])} | | |")
     if b.get("programs"):
         lines += ["", programs_text(b["programs"])]
+    if b.get("imports") is not None:
+        top = ", ".join(f"{name} {sec:.2f} s" for name, sec in b["imports"]) or "none"
+        lines.append(f"imports of 0.05 s or more (top level, any thread, with what they import): {top}")
     return "\n".join(lines)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE", default=None, help="also write the breakdown as JSON")
+    p.add_argument("--imports", action="store_true",
+                   help="run it under python -X importtime and list its slow top-level imports (the "
+                        "start-up's; the measurement adds a little to every import)")
     p.add_argument("module", help="the entry point, e.g. experiments.classic")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = p.parse_args(argv)
@@ -157,11 +182,14 @@ def main(argv=None):
         args.append("--no-progress")
     t0 = time.perf_counter()
     log: list[str] = []
-    proc = subprocess.Popen([sys.executable, "-m", a.module, *args], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, JAX_LOG_COMPILES="1"))
+    import_log: list[str] = []
+    proc = subprocess.Popen([sys.executable, *(["-X", "importtime"] if a.imports else []), "-m", a.module, *args],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, JAX_LOG_COMPILES="1"))
     for line in proc.stderr:  # the compile log is read, everything else the run says goes on to the screen
         if COMPILE_LOG.search(line):
             log.append(line)
+        elif line.startswith("import time:"):
+            import_log.append(line)
         else:
             sys.stderr.write(line)
     proc.wait()
@@ -174,6 +202,8 @@ def main(argv=None):
     # the last row's write is the loop's end: what the process did after it is its finish
     b = breakdown(rows, process_s, wall_before, finish_s=min(max(ended - metrics.stat().st_mtime, 0.0), process_s))
     b["programs"] = programs(log)
+    if a.imports:
+        b["imports"] = imports(import_log)
     b["command"] = [a.module, *a.args]
     print(table(b))
     if a.json:

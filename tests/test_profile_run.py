@@ -70,3 +70,23 @@ def test_a_resumed_run_is_profiled_from_the_rows_it_added():
     assert b["loop_s"] == pytest.approx(4.0) and b["startup_s"] == pytest.approx(1.0) and b["iterations"] == 2
     assert rows_added(after, after) == ([], 10.0)  # a finished run adds nothing
     assert rows_added([], ROWS) == (ROWS, 0.0)  # a fresh run: every row, from the clock's zero
+
+
+IMPORTS = """import time: self [us] | cumulative | imported package
+import time:       862 |     313364 |     tensorboardX.record_writer
+import time:      1802 |     622582 | tensorboardX
+import time:       120 |      40000 | json
+import time:      5000 |    1340000 | torch
+a line the run printed
+""".splitlines()
+
+
+def test_imports_lists_the_slow_top_level_ones_slowest_first():
+    from experiments.profile_run import imports
+
+    # nested imports count inside their importer; under the threshold (50 ms) is left out
+    assert imports(IMPORTS) == [("torch", 1.34), ("tensorboardX", 0.622582)]
+    assert imports(IMPORTS, min_s=1.0) == [("torch", 1.34)]
+    b = dict(breakdown(ROWS, process_s=10.0), imports=imports(IMPORTS))
+    assert "(top level, any thread, with what they import): torch 1.34 s, tensorboardX 0.62 s" in table(b)
+    assert "imports of" not in table(breakdown(ROWS, process_s=10.0))  # only when asked for
