@@ -30,7 +30,8 @@ fetched from the device, ``eval`` = evaluation episodes; Ibarz's protocol has it
   ``compile_cache.jit`` are lowered again too; a run with many programs pays for them even warm;
 * with ``--imports``, the slow top-level imports (``python -X importtime``): what start-up spends
   on libraries, such as one a dependency imports only to probe for it (tensorboardX imported
-  PyTorch for a type annotation: BUILD_NOTES, "What a warm start imports").
+  PyTorch for a type annotation: BUILD_NOTES, "What a warm start imports").  Imports on other
+  threads are listed too, and an import's seconds include the time other threads held the GIL.
 
 So the next bottleneck is on one screen.  Record findings in BUILD_NOTES.md with the device.
 """
