@@ -117,6 +117,15 @@ def run_outputs_ok(out: Path, iterations: int):
     return rows, summary
 
 
+@pytest.fixture
+def kept_compiles(monkeypatch):
+    """The names of the programs ``compile_cache.jit`` compiles during the test, in order (the ones
+    it loads from the cache are not listed)."""
+    names, compile_ = [], compile_cache._compile
+    monkeypatch.setattr(compile_cache, "_compile", lambda traced, *a: names.append(traced.fun_name) or compile_(traced, *a))
+    return names
+
+
 # --------------------------------------------------------------------- the small MLP problem
 # obs in R^3, 2 discrete actions, clips of 5 steps, a buffer of 256 labels.  Every MLP
 # ensemble test uses exactly these shapes.

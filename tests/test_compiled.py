@@ -21,7 +21,6 @@ import jax
 import numpy as np
 import pytest
 
-from rlhp_jax import compile_cache
 from rlhp_jax.compiled import CompiledRun
 from rlhp_jax.driver import PreferenceRun
 import lanes_check
@@ -208,7 +207,7 @@ def test_bad_input_is_refused(program, tmp_path):
         sweep.run(["--env", "CartPole-v1", "--env-devices", "2", "--out", str(tmp_path / "s"), "--no-progress"])
 
 
-def test_sweep_learns_cartpole(tmp_path, monkeypatch):
+def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles):
     """Two seeds of the compiled loop from preferences (the README's CartPole settings, 40k steps)."""
     from experiments import sweep
 
@@ -221,9 +220,6 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch):
         return compile_lanes(self, *args, **kwargs)
 
     monkeypatch.setattr(CompiledRun, "compile_lanes", recording)
-    compiled, compile_ = [], compile_cache._compile  # the kept programs compiled (not loaded)
-    monkeypatch.setattr(compile_cache, "_compile",
-                        lambda traced, *a: compiled.append(traced.fun_name) or compile_(traced, *a))
     summary = sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(out),
                          "--no-progress", "--pass-at", "130"])
     # no bar, no host callback in the program: JAX would not keep it in the persistent cache
@@ -241,11 +237,11 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch):
     assert summary["settings"][0]["seeds_passing"] == sum(f >= 130 for f in final)
     # on one device the program's executable is kept (compile_cache.jit): built again, it is loaded,
     # nothing compiles, and it computes the same to the bit
-    assert compiled == ["run"]
-    compiled.clear()
+    assert kept_compiles == ["run"]  # the kept programs compiled (not loaded)
+    kept_compiles.clear()
     [(first, keys, hypers, *_)] = built
     again, keys, hypers = CompiledRun(first.config).compile_lanes(keys, hypers)
-    assert compiled == []
+    assert kept_compiles == []
     evals = np.asarray(again(keys, hypers)[1]["eval_return"])
     np.testing.assert_array_equal(evals[0], [r["eval_return"] if r["eval_return"] is not None else np.nan
                                              for r in rows if r["seed"] == 0])

@@ -30,9 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------ entry points, tiny budgets
-def test_mujoco_entry_point_trpo_end_to_end(tmp_path, monkeypatch):
-    from rlhp_jax import compile_cache
-
+def test_mujoco_entry_point_trpo_end_to_end(tmp_path, kept_compiles):
     out = tmp_path / "cheetah"
     argv = ["--env", "HalfCheetah", "--labels", "12", "--steps", "2048", "--agent-config", "num_envs=2",
             "num_steps=512", "--no-progress"]
@@ -42,11 +40,9 @@ def test_mujoco_entry_point_trpo_end_to_end(tmp_path, monkeypatch):
     # the process's own environment object), so the acting compiles again, one program for the first
     # rollout and every update; everything else, the agent's learning included, is loaded from the
     # cache, and the run computes the same
-    compiled, compile_ = [], compile_cache._compile
-    monkeypatch.setattr(compile_cache, "_compile",
-                        lambda traced, *a: compiled.append(traced.fun_name) or compile_(traced, *a))
+    kept_compiles.clear()
     assert mujoco.main([*argv, "--out", str(tmp_path / "again")]) == 0
-    assert compiled == ["collect"]
+    assert kept_compiles == ["collect"]
     numbers = lambda run: [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("wall_s", "steps_per_s")}
                            for r in read_jsonl(run / "metrics.jsonl")]
     assert numbers(tmp_path / "again") == numbers(out)
