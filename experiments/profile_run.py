@@ -59,6 +59,7 @@ STAGES = {
 CACHE_HIT = re.compile(r"Persistent compilation cache hit for 'jit_(\S+?)'")
 # ``python -X importtime``: self and cumulative microseconds, then the module indented by its depth
 IMPORT_TIME = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)\s*$")
+IMPORT_MIN_S = 0.05  # --imports lists the top-level imports that took at least this
 COMPILE_LOG = re.compile(r"^(WARNING|INFO|DEBUG):jax\._src\.|^Compiling |^Finished |^Persistent compilation cache")
 
 
@@ -116,7 +117,7 @@ def programs(log_lines) -> dict:
     return out
 
 
-def imports(lines, min_s: float = 0.05) -> list[tuple[str, float]]:
+def imports(lines, min_s: float = IMPORT_MIN_S) -> list[tuple[str, float]]:
     """The top-level imports of ``python -X importtime`` lines that took at least ``min_s``
     seconds with everything they imported, slowest first: (module, seconds).  Top level means
     imported by the run's own code or a library's import at call time, on any thread (orbax on the
@@ -153,7 +154,7 @@ def table(b: dict) -> str:
         lines += ["", programs_text(b["programs"])]
     if b.get("imports") is not None:
         top = ", ".join(f"{name} {sec:.2f} s" for name, sec in b["imports"]) or "none"
-        lines.append(f"imports of 0.05 s or more (top level, any thread, with what they import): {top}")
+        lines.append(f"imports of {IMPORT_MIN_S} s or more (top level, any thread, with what they import): {top}")
     return "\n".join(lines)
 
 
