@@ -72,6 +72,11 @@ class TRPOConfig:
     vf_lr: float = 1e-3  # Adam learning rate of the value fit (ours)
     vf_epochs: int = 5  # passes of the value fit over each rollout (ours)
     vf_minibatches: int = 8  # minibatches per value-fit pass (ours)
+    # before each value fit, the value head's bias moved by the mean residual over the batch (the
+    # least-squares constant, exactly): a learned reward's level moves at every refit, and Adam
+    # moves the bias ~vf_lr a step, so the hidden layers saturated to follow the level instead
+    # (ours; off by default until the figure is rerun with it: BUILD_NOTES, "The value function")
+    vf_recenter: bool = False
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP widths, separate policy and value trunks (ours)
     activation: str = "tanh"  # a flax.linen activation, common.ACTIVATIONS (ours)
     log_std_init: float = 0.0  # initial log-std, in units of half the action range (ours)
@@ -249,6 +254,15 @@ class TRPO(ActorCriticAgent):
         value = self.pi.forward(merge_params(policy_params, value_params), obs)[1]
         return 0.5 * weighted_mean(valid)(jnp.square(value - target))
 
+    def _recentered(self, value_params, policy_params, obs, target, valid):
+        """``value_params`` with the head's (``v_out``) bias moved by the mean of ``target - value``
+        over the valid steps, so the value function's mean over the batch is the targets' mean."""
+        value = self.pi.forward(merge_params(policy_params, value_params), obs)[1]
+        shift = weighted_mean(valid)(target - value)
+        tree = value_params["params"]
+        head = {**tree["v_out"], "bias": tree["v_out"]["bias"] + shift}
+        return {**value_params, "params": {**tree, "v_out": head}}
+
     def _value_step(self, params, opt_state, batch, key):
         """Adam on the ``v_*`` parameters, fitting the GAE targets. Returns
         ``(new_params, opt_state, metrics)``; the policy parameters pass through unchanged."""
@@ -271,6 +285,8 @@ class TRPO(ActorCriticAgent):
             return jax.lax.scan(minibatch_step, carry, mbs)
 
         loss_before = self._value_loss(value_params, policy_params, *data)
+        if cfg.vf_recenter:
+            value_params = self._recentered(value_params, policy_params, *data)
         (value_params, opt_state), _ = jax.lax.scan(
             epoch, (value_params, opt_state), jax.random.split(key, cfg.vf_epochs))
         loss_after = self._value_loss(value_params, policy_params, *data)
