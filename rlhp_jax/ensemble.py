@@ -71,6 +71,10 @@ class EnsembleConfig:
     loss: str = "preferences"  # Bradley-Terry on labels; "target": squared error to the true clip returns (§3.3 ablation)
     bootstrap: bool = True  # each member on its own bootstrap resample; False: uniform over its training labels (Ibarz A.4)
     standardize_inputs: bool = True  # vector observations: each feature to zero mean, unit std over the labeled clips
+    # ours: r̂ invariant to the task's reflection (tasks.Mirror), the mean of the MLP on a step and its mirror
+    # image; the inputs standardized over the labeled clips and their mirror images (BUILD_NOTES, the README's
+    # CartPole job)
+    mirror: bool = False
 
     def __post_init__(self):
         if self.num_members < 1:
@@ -200,7 +204,8 @@ class RewardEnsemble:
     def __init__(self, model_spec: RewardModelSpec, config: EnsembleConfig = EnsembleConfig()):
         self.spec = model_spec
         self.config = config
-        self.model: nn.Module = model_spec.build()
+        self.model: nn.Module = model_spec.build(mirrored=config.mirror)
+        self.mirror = model_spec.mirror if config.mirror else None
         self.mode = resolve_member_axis(config.member_axis, model_kind=model_spec.kind)
         self.optimizer = optax.adam(config.learning_rate, b1=0.9, b2=0.999, eps=1e-8)
         self.reward_std = 1.0 if config.reward_std is None else float(config.reward_std)
@@ -503,6 +508,11 @@ class RewardEnsemble:
             return state
         obs = buffer.obs.astype(jnp.float32)  # [C, 2, T, D]
         mean, var = _filled_moments(obs, buffer.filled[:, None, None, None], (0, 1, 2))
+        if self.mirror is not None:  # over the clips and their mirror images: standardizing commutes with the mirror
+            index = jnp.asarray(self.mirror.obs_index if self.mirror.obs_index is not None else range(mean.shape[0]))
+            second = (var + jnp.square(mean) + (var + jnp.square(mean))[index]) / 2
+            mean = (mean + jnp.asarray(self.mirror.obs_sign) * mean[index]) / 2
+            var = jnp.maximum(second - jnp.square(mean), 0.0)
         std = jnp.maximum(jnp.sqrt(var), INPUT_STD_FLOOR)
         empty = jnp.sum(buffer.filled) == 0
         return state.replace(input_mean=jnp.where(empty, state.input_mean, mean),

@@ -22,29 +22,55 @@ import jax
 import jax.numpy as jnp
 
 from rlhp_jax.core import conv_general_dilated
+from rlhp_jax.tasks import TASKS, Mirror, find
 
 
 class RewardMLP(nn.Module):
-    """Appendix A.1 predictor: MLP 2×64, leaky ReLU 0.01, inputs (obs, action)."""
+    """Appendix A.1 predictor: MLP 2×64, leaky ReLU 0.01, inputs (obs, action).
+
+    With a ``mirror`` (the task's reflection, :class:`rlhp_jax.tasks.Mirror`; ours, not the
+    paper's) it returns the mean of the MLP on a step and on its mirror image, so r̂ pays a state
+    and its reflection alike and has no slope along a feature the reflection negates (BUILD_NOTES,
+    "the README's CartPole job").  ``obs`` is then standardized so that the reflection commutes
+    with the standardization (``RewardEnsemble.update_input_statistics``)."""
 
     num_actions: int
     discrete: bool
     hidden: Sequence[int] = (64, 64)
     negative_slope: float = 0.01
     use_action: bool = True
+    mirror: Mirror | None = None
 
     @nn.compact
     def __call__(self, obs, action, train: bool = False):
+        layers = [nn.Dense(width) for width in self.hidden]
+        out = nn.Dense(1)
+
+        def mlp(x, a):
+            if self.use_action:
+                if self.discrete:
+                    a = jax.nn.one_hot(a.reshape(a.shape[0]), self.num_actions)
+                else:
+                    a = a.reshape(a.shape[0], -1).astype(jnp.float32)
+                x = jnp.concatenate([x, a], axis=-1)
+            for layer in layers:
+                x = nn.leaky_relu(layer(x), self.negative_slope)
+            return out(x)[:, 0]
+
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-        if self.use_action:
-            if self.discrete:
-                a = jax.nn.one_hot(action.reshape(action.shape[0]), self.num_actions)
-            else:
-                a = action.reshape(action.shape[0], -1).astype(jnp.float32)
-            x = jnp.concatenate([x, a], axis=-1)
-        for width in self.hidden:
-            x = nn.leaky_relu(nn.Dense(width)(x), self.negative_slope)
-        return nn.Dense(1)(x)[:, 0]
+        if self.mirror is None:
+            return mlp(x, action)
+        return 0.5 * (mlp(x, action) + mlp(*mirror_step(self.mirror, x, action)))
+
+
+def mirror_step(mirror: Mirror, obs, action):
+    """The mirror image of flat rows of (observation, action): ``[N, D]``, ``[N]`` or ``[N, A]``."""
+    if mirror.obs_index is not None:
+        obs = obs[:, jnp.asarray(mirror.obs_index)]
+    obs = obs * jnp.asarray(mirror.obs_sign, obs.dtype)
+    if mirror.action_index is not None:
+        return obs, jnp.asarray(mirror.action_index)[action]
+    return obs, action * jnp.asarray(mirror.action_sign, jnp.float32).reshape((1,) * (action.ndim - 1) + (-1,))
 
 
 class RewardCNN(nn.Module):
@@ -85,10 +111,18 @@ class RewardModelSpec:
     num_actions: int
     discrete: bool
     dropout_rate: float = 0.5  # CNN only: Christiano A.2 drops 0.5; Ibarz A.3 keeps 0.8 (drops 0.2)
+    mirror: Mirror | None = None  # the task's reflection, if it has one (``tasks.Task.mirror``)
+    task: str = ""  # the task's name, for messages
 
-    def build(self) -> nn.Module:
+    def build(self, mirrored: bool = False) -> nn.Module:
+        """The predictor; ``mirrored``: invariant to the task's reflection (``EnsembleConfig.mirror``)."""
+        if mirrored and (self.kind != "mlp" or self.mirror is None):
+            raise ValueError(f"--ensemble.mirror needs a task with a declared reflection and the MLP reward model; "
+                             f"{self.task or 'this task'} has none (tasks with one: "
+                             f"{', '.join(mirrored_tasks())})")
         if self.kind == "mlp":
-            return RewardMLP(num_actions=self.num_actions, discrete=self.discrete)
+            return RewardMLP(num_actions=self.num_actions, discrete=self.discrete,
+                             mirror=self.mirror if mirrored else None)
         if self.kind == "cnn":
             return RewardCNN(dropout_rate=self.dropout_rate)
         raise ValueError(f"Unknown reward model kind {self.kind!r}; use 'mlp' or 'cnn'.")
@@ -107,7 +141,10 @@ def reward_model_spec_for(env_spec, kind: str | None = None) -> RewardModelSpec:
     if kind is None:
         shape = tuple(env_spec.obs_shape)
         kind = "cnn" if len(shape) == 3 and min(shape[:2]) >= 43 else "mlp"
+    task = find(env_spec.name)
     return RewardModelSpec(
+        mirror=task.mirror if task is not None and len(env_spec.obs_shape) == 1 else None,
+        task=env_spec.name,
         kind=kind,
         obs_shape=tuple(env_spec.obs_shape),
         action_shape=tuple(env_spec.action_shape),
@@ -115,3 +152,8 @@ def reward_model_spec_for(env_spec, kind: str | None = None) -> RewardModelSpec:
         num_actions=env_spec.num_actions,
         discrete=env_spec.discrete,
     )
+
+
+def mirrored_tasks() -> list[str]:
+    """The tasks whose reflection ``--ensemble.mirror`` can use."""
+    return sorted(name for name, task in TASKS.items() if task.mirror is not None)

@@ -72,6 +72,36 @@ class MujocoModel:
         return round(CLIP_SECONDS / self.control_timestep)
 
 
+@dataclasses.dataclass(frozen=True)
+class Mirror:
+    """A reflection of a task that leaves its true reward unchanged (the track's two ends, the two
+    directions of a swing): the mirrored state's observation feature ``i`` is ``obs_sign[i] *
+    obs[obs_index[i]]``, and the mirrored action ``action_index[a]`` (discrete) or
+    ``action_sign * action`` (continuous).  ``obs_index`` None: each feature maps to itself.  A
+    reflection undone by itself (``tests/test_tasks.py`` checks that, and that the dynamics commute
+    with it).  ``EnsembleConfig.mirror`` makes r̂ invariant to it."""
+
+    obs_sign: tuple[float, ...]
+    obs_index: tuple[int, ...] | None = None
+    action_index: tuple[int, ...] | None = None  # discrete: the mirror image of each action
+    action_sign: tuple[float, ...] | None = None  # continuous: per action dimension
+
+    def __post_init__(self):
+        n = len(self.obs_sign)
+        index = self.obs_index if self.obs_index is not None else tuple(range(n))
+        if len(index) != n or sorted(index) != list(range(n)):
+            raise ValueError(f"obs_index must be a permutation of the {n} features, got {self.obs_index}")
+        if any(v not in (-1.0, 1.0) for v in self.obs_sign + (self.action_sign or ())):
+            raise ValueError("signs must be -1 or 1")
+        if any(index[index[i]] != i or self.obs_sign[i] != self.obs_sign[index[i]] for i in range(n)):
+            raise ValueError("the mirror must undo itself (a feature and its image swap back with one sign)")
+        if (self.action_index is None) == (self.action_sign is None):
+            raise ValueError("give action_index (discrete actions) or action_sign (continuous), not both")
+        a = self.action_index
+        if a is not None and (sorted(a) != list(range(len(a))) or any(a[a[i]] != i for i in range(len(a)))):
+            raise ValueError(f"action_index must be a permutation that undoes itself, got {a}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Task:
     """One task, as the environment wrapper, the clips, the labeling and play pages need it."""
@@ -93,6 +123,7 @@ class Task:
     play_hint: str = ""  # shown on the play page where the keys do not do what they suggest
     guidance: str = ""  # what a labeler is told about the task (human.instructions builds the page text)
     guidance_source: str = ""  # the paper it is quoted from; "" for ours
+    mirror: Mirror | None = None  # a reflection the true reward is invariant to (vector observations)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -163,13 +194,18 @@ _ENTRIES = (
     # ---- gymnax classic control: the usual time limit; clips ~1.5 s where that is short enough to judge
     # CartPole resets on a fall (penalty once): run on, the fallen pole's unbounded states are
     # off-distribution for r̂ and the agent learns to fall at once (BUILD_NOTES).
+    # mirrors: the track's ends swapped (x, its velocity, the angle and its velocity change sign; left
+    # and right pushes swap); the pendulums' two directions of swing (sines and velocities, torques)
     _gymnax("CartPole-v1", horizon=500, terminal_penalty=-10.0, segment_length=25, fps=50.0, obs_shape=(4,),
+            mirror=Mirror(obs_sign=(-1.0, -1.0, -1.0, -1.0), action_index=(1, 0)),
             guidance="The pole should stay upright and the cart should stay near the middle of the track. A pole "
                      "that falls (the clip jumps back to an upright pole at the centre) is very bad."),  # tau 0.02 s
     _gymnax("Pendulum-v1", horizon=200, segment_length=30, fps=20.0, obs_shape=(3,),  # dt = 0.05 s
+            mirror=Mirror(obs_sign=(1.0, -1.0, -1.0), action_sign=(-1.0,)),  # cos θ, sin θ, θ̇
             guidance="The pendulum should swing up and stay pointing straight up, with as little spinning as "
                      "possible."),
     _gymnax("Acrobot-v1", horizon=500, segment_length=25, fps=5.0, obs_shape=(6,),  # dt = 0.2 s
+            mirror=Mirror(obs_sign=(1.0, -1.0, 1.0, -1.0, -1.0, -1.0), action_index=(2, 1, 0)),  # cos, sin θ1, θ2; θ̇
             guidance="The free end of the two-link arm should swing up above the line as soon as possible."),
     # no time step in the model; gym renders at 30 fps
     _gymnax("MountainCarContinuous-v0", horizon=999, segment_length=30, fps=30.0, obs_shape=(2,),

@@ -20,7 +20,8 @@ from hypothesis import assume, given
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.ensemble import (INPUT_CLIP, INPUT_STD_FLOOR, NOISE_LEVELS, EnsembleConfig, RewardEnsemble, adaptive_l2,
                                gaussian_noise, resolve_member_axis, standardize)
-from rlhp_jax.reward_models import RewardModelSpec
+from rlhp_jax.reward_models import RewardModelSpec, mirror_step
+from rlhp_jax.tasks import Mirror
 
 N_FIT = 500  # steps of every ens3.fit call
 N_FIT_1 = 60  # steps of every ens1_noreg.fit call
@@ -474,6 +475,37 @@ def test_standardized_reward_ignores_the_units_of_a_feature(ens1_noreg, fitted1_
     rescaled = state.replace(input_mean=state.input_mean * unit, input_std=state.input_std * unit)
     np.testing.assert_allclose(ens1_noreg.predict_reward(rescaled, obs * unit, act),
                                ens1_noreg.predict_reward(state, obs, act), rtol=1e-4, atol=1e-4)
+
+
+MIRROR = Mirror(obs_sign=(-1.0, 1.0, -1.0), obs_index=(2, 1, 0), action_index=(1, 0))  # a swap and a sign
+
+
+@pytest.mark.parametrize("mirrored", [True, False])
+def test_a_mirrored_reward_pays_a_step_and_its_mirror_image_alike(mirrored, buffer1):
+    """``EnsembleConfig.mirror``: after a fit, r̂ of any step (inside the labeled clips' range or
+    far outside it) equals r̂ of its mirror image, and the input statistics are those of the clips
+    and their images.  Without it the same fit is not symmetric (the test can fail)."""
+    ens = RewardEnsemble(dataclasses.replace(MLP_SPEC, mirror=MIRROR), EnsembleConfig(num_members=1, mirror=mirrored))
+    state, _ = fast_jit(ens.fit, static_argnums=3)(ens.init(jax.random.key(8)), buffer1, jax.random.key(9), 30)
+    rng = np.random.default_rng(3)
+    obs = (rng.normal(size=(64, OBS_DIM)) * np.float32([1, 1, 30])).astype(np.float32)
+    act = rng.integers(0, 2, 64).astype(np.int32)
+    reward = np.asarray(ens.predict_reward(state, obs, act))
+    image = np.asarray(ens.predict_reward(state, *mirror_step(MIRROR, jnp.asarray(obs), jnp.asarray(act))))
+    rows = np.asarray(buffer1.obs)[np.asarray(buffer1.filled)].reshape(-1, OBS_DIM)
+    if not mirrored:
+        assert np.abs(reward - image).max() > 0.05
+        np.testing.assert_allclose(state.input_mean, rows.mean(0), rtol=1e-4, atol=1e-5)
+        return
+    np.testing.assert_allclose(reward, image, rtol=1e-5, atol=1e-5)
+    both = np.concatenate([rows, rows[:, [2, 1, 0]] * np.float32([-1, 1, -1])])
+    np.testing.assert_allclose(state.input_mean, both.mean(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state.input_std, both.std(0), rtol=1e-4)
+
+
+def test_a_mirror_needs_a_task_that_declares_one():
+    with pytest.raises(ValueError, match="declared reflection"):
+        RewardEnsemble(MLP_SPEC, EnsembleConfig(mirror=True))
 
 
 def test_images_and_grids_are_not_standardized():

@@ -93,3 +93,69 @@ def test_play_page_shows_minatar_in_the_labeling_clips_colours(name):
     assert image.shape == (10, 10, 3) and image.dtype == np.uint8
     big = classic.classic_clip_frames(name, obs[None], size=100)[0]
     np.testing.assert_array_equal(image, big[5::10, 5::10])  # the centre of each 10-pixel cell
+
+
+# the gymnax state each declared mirror acts on: the same reflection, on the simulator's variables
+_MIRRORED_STATE = {
+    "CartPole-v1": lambda s: s.replace(x=-s.x, x_dot=-s.x_dot, theta=-s.theta, theta_dot=-s.theta_dot),
+    "Pendulum-v1": lambda s: s.replace(theta=-s.theta, theta_dot=-s.theta_dot, last_u=-s.last_u),
+    "Acrobot-v1": lambda s: s.replace(joint_angle1=-s.joint_angle1, joint_angle2=-s.joint_angle2,
+                                      velocity_1=-s.velocity_1, velocity_2=-s.velocity_2),
+}
+
+
+def _mirror_obs(m: tasks.Mirror, obs):
+    index = list(m.obs_index) if m.obs_index is not None else list(range(len(m.obs_sign)))
+    return np.asarray(obs)[..., index] * np.asarray(m.obs_sign)
+
+
+def test_the_mirrored_tasks_are_the_gymnax_tasks_checked_below():
+    assert sorted(n for n, t in TASKS.items() if t.mirror is not None) == sorted(_MIRRORED_STATE)
+
+
+@pytest.mark.parametrize("name", sorted(_MIRRORED_STATE))
+def test_a_declared_mirror_commutes_with_the_dynamics_and_keeps_the_reward(name):
+    """From states a random policy reaches: stepping the mirrored state with the mirrored action
+    gives the mirror image of the next observation, the same reward and the same end."""
+    import gymnax
+    import jax
+
+    mirror = TASKS[name].mirror
+    env, params = gymnax.make(name)
+    step = jax.jit(env.step_env)
+    _, state = env.reset_env(jax.random.PRNGKey(0), params)
+    rng = np.random.default_rng(0)
+    checked = 0
+    for t in range(60):
+        key = jax.random.PRNGKey(t)
+        if mirror.action_index is not None:
+            a = int(rng.integers(len(mirror.action_index)))
+            a_m = mirror.action_index[a]
+        else:
+            a = rng.uniform(-2, 2, size=len(mirror.action_sign)).astype(np.float32)
+            a_m = a * np.asarray(mirror.action_sign, np.float32)
+            a, a_m = a[0], a_m[0]  # gymnax's Pendulum takes a scalar torque
+        mirrored = _MIRRORED_STATE[name](state)
+        np.testing.assert_allclose(env.get_obs(mirrored), _mirror_obs(mirror, env.get_obs(state)), atol=1e-6)
+        obs, next_state, reward, done, _ = step(key, state, a, params)
+        obs_m, _, reward_m, done_m, _ = step(key, mirrored, a_m, params)
+        np.testing.assert_allclose(obs_m, _mirror_obs(mirror, obs), atol=1e-4, err_msg=f"{name} step {t}")
+        np.testing.assert_allclose(reward_m, reward, atol=1e-5)
+        assert bool(done_m) == bool(done)
+        checked += 1
+        state = env.reset_env(key, params)[1] if bool(done) else next_state
+    assert checked == 60
+
+
+def test_a_mirror_must_be_a_reflection():
+    with pytest.raises(ValueError, match="undo itself"):
+        tasks.Mirror(obs_sign=(1.0, -1.0), obs_index=(1, 0), action_sign=(1.0,))
+    with pytest.raises(ValueError, match="permutation"):
+        tasks.Mirror(obs_sign=(1.0, 1.0), obs_index=(0, 0), action_sign=(1.0,))
+    with pytest.raises(ValueError, match="-1 or 1"):
+        tasks.Mirror(obs_sign=(0.5,), action_sign=(1.0,))
+    with pytest.raises(ValueError, match="not both"):
+        tasks.Mirror(obs_sign=(1.0,))
+    with pytest.raises(ValueError, match="action_index"):
+        tasks.Mirror(obs_sign=(1.0,), action_index=(1, 2, 0))
+    tasks.Mirror(obs_sign=(-1.0, -1.0, 1.0), obs_index=(1, 0, 2), action_index=(1, 0, 2))  # a swap is fine
