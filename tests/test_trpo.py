@@ -295,9 +295,10 @@ def test_defaults_follow_christiano_a1():
     assert (cfg.max_kl, cfg.cg_iters, cfg.cg_damping) == (0.01, 10, 0.1)
     assert (cfg.backtrack_iters, cfg.backtrack_ratio) == (10, 0.5)
     assert cfg.batch_size == 8 * 1024
+    assert not cfg.vf_recenter
     for name in ("Swimmer", "Swimmer-v4", "swimmer"):
         assert preset(name).ent_coef == 0.001
-        assert preset(name) == dataclasses.replace(cfg, ent_coef=0.001)
+        assert preset(name) == dataclasses.replace(cfg, ent_coef=0.001, vf_recenter=True)
     for name in ("Hopper", "HalfCheetah-v4", "pendulum"):
         assert preset(name) == cfg
     with pytest.raises(dataclasses.FrozenInstanceError):
