@@ -80,6 +80,19 @@ def test_budgets_seeds_options_and_field_changes_match_the_command_line(parsers)
     assert human.out == "runs/classic/CartPole-v1-ppo-100labels-human-seed0" and not human.wait_for_initial_labels
 
 
+def test_cartpoles_reward_model_is_mirrored_for_the_oracle_only(parsers):
+    """The README job's r̂ is invariant to the track's reflection (presets.TASK_CHANGES); a flag or a
+    change turns it off, other changes to the ensemble keep it, and people's runs do not get it."""
+    readme = cli(parsers, "classic", [])
+    assert readme == RunConfig.paper("CartPole-v1") and readme.ensemble.mirror
+    assert cli(parsers, "classic", ["--ensemble.num-members", "5"]).ensemble.mirror
+    assert not cli(parsers, "classic", ["--ensemble.no-mirror"]).ensemble.mirror
+    assert not RunConfig.paper("CartPole-v1", ensemble=dict(mirror=False)).ensemble.mirror
+    assert not cli(parsers, "classic", ["--teacher", "human"]).ensemble.mirror
+    assert not RunConfig.paper("Pendulum-v1").ensemble.mirror  # reflections declared, not used
+    assert cli(parsers, "classic", ["--env", "Pendulum-v1", "--ensemble.mirror"]).ensemble.mirror
+
+
 def test_overriding_fields_replace_the_preset_field_they_override(parsers):
     """A.2's count of initial labels would override a fraction given; a fraction given wins (and a
     count of none falls back to the fraction); both at once are refused."""
