@@ -76,10 +76,10 @@ BUDGETS = {
     "gymnax": (500, 100_000),
 }
 # The classic budgets the BUILD_NOTES targets are measured at.  CartPole from preferences is
-# seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k steps about one seed in three
-# ends at >= 475 (21 of 64 with PPO's rate held; the true reward 54 of 64); 150k or 300k steps,
-# more members, clip lengths, regularizers and label schedules stay at 30-40 %: the final r̂ of a
-# failed run misleads fresh agents too.
+# seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k steps about three seeds in five
+# end at >= 475 with the mirrored r̂ below (79 of 128; the true reward 54 of 64); 150k or 300k
+# steps, more members, clip lengths, regularizers and label schedules did not move the plain r̂
+# past 30-40 %: the final r̂ of a failed run misleads fresh agents too.
 TASK_BUDGETS = {
     "CartPole-v1": (200, 60_000),
     "Pendulum-v1": (1000, 150_000),
