@@ -165,7 +165,7 @@ def _atari(name, *, actions, guidance="", hint="", terminal_penalty=-10.0) -> Ta
 
 def _mujoco(name, *, timestep, frame_skip, penalty, options, root_info, nq, nv, obs_dim, layout, camera,
             guidance, extra_obs=0, episode_steps=1000, aliases=(), standing_height=None,
-            penalty_shape="range") -> Task:
+            penalty_shape="range", mirror=None) -> Task:
     """A.1: the task runs on for its whole time limit (``on_terminate="continue"``), clips of 1.5 s
     of the task's own time (at most one episode: Reacher's lasts 50 steps = 1 s), r̂ std 1."""
     model = MujocoModel(timestep, frame_skip, options, root_info, nq, nv, obs_dim, layout, camera, extra_obs,
@@ -174,7 +174,8 @@ def _mujoco(name, *, timestep, frame_skip, penalty, options, root_info, nq, nv, 
     return Task(name=name, backend="mujoco", horizon=episode_steps,
                 segment_length=min(model.clip_steps, episode_steps), fps=1.0 / dt,
                 terminal_penalty=penalty, reward_std=1.0, on_terminate="continue", aliases=aliases,
-                envpool_id=f"{name}-v4", mujoco=model, guidance=guidance, guidance_source=CHRISTIANO_B)
+                envpool_id=f"{name}-v4", mujoco=model, guidance=guidance, guidance_source=CHRISTIANO_B,
+                mirror=mirror)
 
 
 # MuJoCo (A.1): no control cost; no task ends outside its healthy range.  Hopper, Walker2d and Ant
@@ -298,6 +299,8 @@ _ENTRIES = (
             guidance="The robot should move to the right as fast as possible."),
     _mujoco("Swimmer", timestep=0.01, frame_skip=4, penalty=0.0, options=(_NO_CTRL,), root_info=_XY,
             nq=5, nv=5, obs_dim=8, layout="root_excluded", camera="track",  # obs = qpos[2:], qvel
+            # mirror: y -> -y (the angles, the sideways and angular velocities and the torques change sign)
+            mirror=Mirror(obs_sign=(-1.0, -1.0, -1.0, 1.0, -1.0, -1.0, -1.0, -1.0), action_sign=(-1.0, -1.0)),
             guidance="The \u201ccenter\u201d of the robot is the mark in the middle of its body. The center should "
                      "move to the right as fast as possible."),
     # obs = cos(q[:2]), sin(q[:2]), q[2:] (target), qvel[:2], fingertip - target (3); top-down camera

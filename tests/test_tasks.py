@@ -109,8 +109,49 @@ def _mirror_obs(m: tasks.Mirror, obs):
     return np.asarray(obs)[..., index] * np.asarray(m.obs_sign)
 
 
-def test_the_mirrored_tasks_are_the_gymnax_tasks_checked_below():
-    assert sorted(n for n, t in TASKS.items() if t.mirror is not None) == sorted(_MIRRORED_STATE)
+# MuJoCo: the reflection's signs on qpos and qvel (the observation is qpos[2:], qvel: "root_excluded")
+_MIRRORED_QPOS_QVEL = {
+    "Swimmer": ((1.0, -1.0, -1.0, -1.0, -1.0), (1.0, -1.0, -1.0, -1.0, -1.0)),  # slider x, slider y, 3 hinges
+}
+
+
+def test_the_mirrored_tasks_are_the_tasks_checked_below():
+    assert sorted(n for n, t in TASKS.items() if t.mirror is not None) == sorted(
+        [*_MIRRORED_STATE, *_MIRRORED_QPOS_QVEL])
+
+
+@pytest.mark.parametrize("name", sorted(_MIRRORED_QPOS_QVEL))
+def test_a_declared_mujoco_mirror_commutes_with_the_simulation_and_keeps_the_forward_motion(name):
+    """The same check on the task's MuJoCo model (envpool's asset): from random states, the
+    mirrored state under the mirrored torques steps to the mirror image, and the root moves
+    forward (the true reward) by the same distance."""
+    import mujoco
+
+    from rlhp_jax.render.mujoco import mujoco_asset
+
+    task = TASKS[name]
+    assert task.mujoco.layout == "root_excluded"
+    sign = np.asarray(task.mirror.obs_sign)
+    qpos_sign, qvel_sign = (np.asarray(v) for v in _MIRRORED_QPOS_QVEL[name])
+    xml, frame_skip = mujoco_asset(name)
+    model = mujoco.MjModel.from_xml_path(xml)
+    data, image = mujoco.MjData(model), mujoco.MjData(model)
+    obs = lambda d: np.concatenate([d.qpos[2:], d.qvel])
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        data.qpos[:] = rng.normal(size=model.nq) * 0.5
+        data.qvel[:] = rng.normal(size=model.nv)
+        for _ in range(20):
+            image.qpos[:], image.qvel[:] = data.qpos * qpos_sign, data.qvel * qvel_sign
+            np.testing.assert_allclose(obs(image), sign * obs(data), atol=1e-12)
+            action = rng.uniform(-1, 1, model.nu)
+            data.ctrl[:], image.ctrl[:] = action, np.asarray(task.mirror.action_sign) * action
+            x, x_image = data.qpos[0], image.qpos[0]
+            for _ in range(frame_skip):
+                mujoco.mj_step(model, data)
+                mujoco.mj_step(model, image)
+            np.testing.assert_allclose(obs(image), sign * obs(data), atol=1e-9)
+            assert abs((image.qpos[0] - x_image) - (data.qpos[0] - x)) < 1e-9
 
 
 @pytest.mark.parametrize("name", sorted(_MIRRORED_STATE))
