@@ -509,7 +509,7 @@ class RewardEnsemble:
         obs = buffer.obs.astype(jnp.float32)  # [C, 2, T, D]
         mean, var = _filled_moments(obs, buffer.filled[:, None, None, None], (0, 1, 2))
         if self.mirror is not None:  # over the clips and their mirror images: standardizing commutes with the mirror
-            index = jnp.asarray(self.mirror.obs_index if self.mirror.obs_index is not None else range(mean.shape[0]))
+            index = jnp.asarray(self.mirror.obs_permutation)
             second = var + jnp.square(mean)  # per feature, then averaged with its image's
             second = (second + second[index]) / 2
             mean = (mean + jnp.asarray(self.mirror.obs_sign) * mean[index]) / 2

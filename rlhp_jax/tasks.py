@@ -86,9 +86,14 @@ class Mirror:
     action_index: tuple[int, ...] | None = None  # discrete: the mirror image of each action
     action_sign: tuple[float, ...] | None = None  # continuous: per action dimension
 
+    @property
+    def obs_permutation(self) -> tuple[int, ...]:
+        """``obs_index``, the identity spelled out where it is None."""
+        return self.obs_index if self.obs_index is not None else tuple(range(len(self.obs_sign)))
+
     def __post_init__(self):
         n = len(self.obs_sign)
-        index = self.obs_index if self.obs_index is not None else tuple(range(n))
+        index = self.obs_permutation
         if len(index) != n or sorted(index) != list(range(n)):
             raise ValueError(f"obs_index must be a permutation of the {n} features, got {self.obs_index}")
         if any(v not in (-1.0, 1.0) for v in self.obs_sign + (self.action_sign or ())):

@@ -105,8 +105,7 @@ _MIRRORED_STATE = {
 
 
 def _mirror_obs(m: tasks.Mirror, obs):
-    index = list(m.obs_index) if m.obs_index is not None else list(range(len(m.obs_sign)))
-    return np.asarray(obs)[..., index] * np.asarray(m.obs_sign)
+    return np.asarray(obs)[..., list(m.obs_permutation)] * np.asarray(m.obs_sign)
 
 
 # MuJoCo: the reflection's signs on qpos and qvel (the observation is qpos[2:], qvel: "root_excluded")
