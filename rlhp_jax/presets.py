@@ -76,19 +76,22 @@ BUDGETS = {
     "gymnax": (500, 100_000),
 }
 # The classic budgets the BUILD_NOTES targets are measured at.  CartPole from preferences is
-# seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k steps about three seeds in five
-# end at >= 475 with the mirrored r̂ below (79 of 128; the true reward 54 of 64); 150k or 300k
-# steps, more members, clip lengths, regularizers and label schedules did not move the plain r̂
-# past 30-40 %: the final r̂ of a failed run misleads fresh agents too.
+# seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k steps about seven seeds in ten
+# end at >= 475 with the changes below (the true reward: 54 of 64); 150k steps do not move it, and
+# the final r̂ of a failed run misleads fresh agents too.
 TASK_BUDGETS = {
     "CartPole-v1": (200, 60_000),
     "Pendulum-v1": (1000, 150_000),
 }
-# Ours, per task, with the synthetic teacher: CartPole's reward model is invariant to the track's
-# reflection (tasks.Mirror), which took the README job from 40 to 79 of 128 seeds (BUILD_NOTES, "the
-# README's CartPole job").  The oracle's reward is the task's, which the reflection keeps; a person
-# may want something it does not keep (the cart on the left), so people's runs are left without it.
-TASK_CHANGES = {"CartPole-v1": {"ensemble.mirror": True}}
+# Ours, per task, with the synthetic teacher (BUILD_NOTES, "the README's CartPole job"):
+# - CartPole's reward model is invariant to the track's reflection (tasks.Mirror): the README job
+#   went from 40 to 79 of 128 seeds at >= 475.  The oracle's reward is the task's, which the
+#   reflection keeps; a person may want something it does not keep (the cart on the left).
+# - with it, 1 s clips (50 steps at 50 fps; the task's own are 0.5 s), in batches of 8 pairs so that
+#   a fit step reads as many steps as 16 pairs of 0.5 s clips: from 66 to 91 of 128 seeds, the job
+#   no slower.  Measured with the oracle only.
+# People's runs keep the task's defaults.
+TASK_CHANGES = {"CartPole-v1": {"ensemble.mirror": True, "segment_length": 50, "ensemble.batch_size": 8}}
 AGENTS = {"atari": "a2c", "mujoco": "trpo", "gymnax": "ppo"}  # A.2, A.1; PPO elsewhere
 OUT_ROOTS = {"atari": "runs/atari", "mujoco": "runs/mujoco", "gymnax": "runs/classic"}
 # Christiano §3.3 ran "no segments" on the robotics tasks only: the Atari reward model reads a

@@ -12,7 +12,7 @@ import pytest
 from experiments import atari, classic, mujoco
 from experiments.cli import (NOT_FLAGS, RENAMED, build_parser, config_from_args, field_flags, flag_name,
                              ibarz_config_from_args)
-from rlhp_jax import presets
+from rlhp_jax import presets, tasks
 from rlhp_jax.config import RunConfig
 from rlhp_jax.config_fields import field_paths, type_at, with_changes
 from rlhp_jax.ensemble import EnsembleConfig
@@ -80,15 +80,22 @@ def test_budgets_seeds_options_and_field_changes_match_the_command_line(parsers)
     assert human.out == "runs/classic/CartPole-v1-ppo-100labels-human-seed0" and not human.wait_for_initial_labels
 
 
-def test_cartpoles_reward_model_is_mirrored_for_the_oracle_only(parsers):
-    """The README job's r̂ is invariant to the track's reflection (presets.TASK_CHANGES); a flag or a
-    change turns it off, other changes to the ensemble keep it, and people's runs do not get it."""
+def test_cartpoles_oracle_preset_mirrors_and_shows_one_second_clips(parsers):
+    """The README job's r̂ is invariant to the track's reflection and fitted to 1 s clips, 8 pairs a
+    batch (presets.TASK_CHANGES); a flag or a change overrides each, other changes to the ensemble
+    keep them, and people's runs keep the task's defaults."""
     readme = cli(parsers, "classic", [])
     assert readme == RunConfig.paper("CartPole-v1") and readme.ensemble.mirror
-    assert cli(parsers, "classic", ["--ensemble.num-members", "5"]).ensemble.mirror
+    assert (readme.segment_length, readme.ensemble.batch_size) == (50, 8)
+    assert tasks.TASKS["CartPole-v1"].segment_length == 25  # the task's own clips: 0.5 s at 50 fps
+    five = cli(parsers, "classic", ["--ensemble.num-members", "5"])
+    assert five.ensemble.mirror and five.ensemble.batch_size == 8 and five.segment_length == 50
     assert not cli(parsers, "classic", ["--ensemble.no-mirror"]).ensemble.mirror
+    assert cli(parsers, "classic", ["--segment-length", "25"]).segment_length == 25
+    assert cli(parsers, "classic", ["--ensemble.batch-size", "16"]).ensemble.batch_size == 16
     assert not RunConfig.paper("CartPole-v1", ensemble=dict(mirror=False)).ensemble.mirror
-    assert not cli(parsers, "classic", ["--teacher", "human"]).ensemble.mirror
+    human = cli(parsers, "classic", ["--teacher", "human"])
+    assert not human.ensemble.mirror and human.segment_length is None and human.ensemble.batch_size == 16
     assert not RunConfig.paper("Pendulum-v1").ensemble.mirror  # reflections declared, not used
     assert cli(parsers, "classic", ["--env", "Pendulum-v1", "--ensemble.mirror"]).ensemble.mirror
 
