@@ -236,8 +236,10 @@ class RunParts:
         agents_lib.check_compatible(config.agent, self.spec)
         self.seg_len = config.segment_length or self.spec.segment_length
         if self.seg_len > self.rollout_len:
-            raise ValueError(f"segment_length {self.seg_len} exceeds the steps per environment in one iteration "
-                             f"({self.rollout_len}); raise iteration_steps")
+            enough = math.ceil(self.seg_len / agent_cfg.num_steps) * agent_cfg.batch_size
+            raise ValueError(f"segment_length {self.seg_len} exceeds the {self.rollout_len} steps each environment "
+                             f"takes in an iteration: give --iteration-steps {enough} or more, or a shorter "
+                             f"--segment-length")
         self.num_iters = max(1, config.total_steps // self.steps_per_iter)  # whole iterations, at least one
         self.steps_note = steps_note(config.total_steps, self.num_iters * self.steps_per_iter, self.steps_per_iter)
         self.agent = agents_lib.make_agent(config.agent, self.spec, agent_cfg, self.num_iters * self.updates_per_iter)
