@@ -76,8 +76,8 @@ BUDGETS = {
     "gymnax": (500, 100_000),
 }
 # The classic budgets the BUILD_NOTES targets are measured at.  CartPole from preferences is
-# seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k steps about seven seeds in ten
-# end at >= 475 with the changes below (the true reward: 54 of 64); 150k steps do not move it, and
+# seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k steps about four seeds in five
+# end at >= 475 with the changes below (the true reward: 54 of 64); 150k steps did not move it (0.5 s clips), and
 # the final r̂ of a failed run misleads fresh agents too.
 TASK_BUDGETS = {
     "CartPole-v1": (200, 60_000),
@@ -87,11 +87,12 @@ TASK_BUDGETS = {
 # - CartPole's reward model is invariant to the track's reflection (tasks.Mirror): the README job
 #   went from 40 to 79 of 128 seeds at >= 475.  The oracle's reward is the task's, which the
 #   reflection keeps; a person may want something it does not keep (the cart on the left).
-# - with it, 1 s clips (50 steps at 50 fps; the task's own are 0.5 s), in batches of 8 pairs so that
-#   a fit step reads as many steps as 16 pairs of 0.5 s clips: from 101 to 133 of 192 seeds, the job
-#   no slower.  Measured with the oracle only.
+# - with it, 1.5 s clips (75 steps at 50 fps, A.1's segment length; the task's own are 0.5 s), in
+#   batches of 5 pairs so that a fit step reads about as many steps as 16 pairs of 0.5 s clips: from
+#   101 (0.5 s) and 133 (1 s, 8 pairs) to 152 of 192 seeds, the job no slower.  Measured with the
+#   oracle only.
 # People's runs keep the task's defaults.
-TASK_CHANGES = {"CartPole-v1": {"ensemble.mirror": True, "segment_length": 50, "ensemble.batch_size": 8}}
+TASK_CHANGES = {"CartPole-v1": {"ensemble.mirror": True, "segment_length": 75, "ensemble.batch_size": 5}}
 AGENTS = {"atari": "a2c", "mujoco": "trpo", "gymnax": "ppo"}  # A.2, A.1; PPO elsewhere
 OUT_ROOTS = {"atari": "runs/atari", "mujoco": "runs/mujoco", "gymnax": "runs/classic"}
 # Christiano §3.3 ran "no segments" on the robotics tasks only: the Atari reward model reads a

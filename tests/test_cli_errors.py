@@ -78,8 +78,8 @@ def snapshot(root: Path) -> dict[str, tuple]:
         (["--agent", "a2c", "--agent-config", "num_envs=-1"], "num_envs must be at least 1"),
         (["--agent", "trpo", "--agent-config", "max_kl=0"], "max_kl must be > 0"),
         (["--agent", "dqfd", "--demos", "x.npz", "--agent-config", "batch_size=[32]"], "batch_size must be an int"),
-        # CartPole's 50-step clips do not fit rollouts of 32 steps (8 environments: 256 steps a batch)
-        (["--agent-config", "num_steps=32"], "give --iteration-steps 512 or more, or a shorter --segment-length"),
+        # CartPole's 75-step clips do not fit rollouts of 32 steps (8 environments: 256 steps a batch)
+        (["--agent-config", "num_steps=32"], "give --iteration-steps 768 or more, or a shorter --segment-length"),
     ],
 )
 def test_bad_agent_config_is_one_line_and_makes_no_directory(argv, message, capsys, tmp_path):

@@ -80,16 +80,16 @@ def test_budgets_seeds_options_and_field_changes_match_the_command_line(parsers)
     assert human.out == "runs/classic/CartPole-v1-ppo-100labels-human-seed0" and not human.wait_for_initial_labels
 
 
-def test_cartpoles_oracle_preset_mirrors_and_shows_one_second_clips(parsers):
-    """The README job's r̂ is invariant to the track's reflection and fitted to 1 s clips, 8 pairs a
-    batch (presets.TASK_CHANGES); a flag or a change overrides each, other changes to the ensemble
+def test_cartpoles_oracle_preset_mirrors_and_shows_one_and_a_half_second_clips(parsers):
+    """The README job's r̂ is invariant to the track's reflection and fitted to 1.5 s clips, 5 pairs
+    a batch (presets.TASK_CHANGES); a flag or a change overrides each, other changes to the ensemble
     keep them, and people's runs keep the task's defaults."""
     readme = cli(parsers, "classic", [])
     assert readme == RunConfig.paper("CartPole-v1") and readme.ensemble.mirror
-    assert (readme.segment_length, readme.ensemble.batch_size) == (50, 8)
+    assert (readme.segment_length, readme.ensemble.batch_size) == (75, 5)
     assert tasks.TASKS["CartPole-v1"].segment_length == 25  # the task's own clips: 0.5 s at 50 fps
     five = cli(parsers, "classic", ["--ensemble.num-members", "5"])
-    assert five.ensemble.mirror and five.ensemble.batch_size == 8 and five.segment_length == 50
+    assert five.ensemble.mirror and five.ensemble.batch_size == 5 and five.segment_length == 75
     assert not cli(parsers, "classic", ["--ensemble.no-mirror"]).ensemble.mirror
     assert cli(parsers, "classic", ["--segment-length", "25"]).segment_length == 25
     assert cli(parsers, "classic", ["--ensemble.batch-size", "16"]).ensemble.batch_size == 16
