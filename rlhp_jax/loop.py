@@ -170,10 +170,10 @@ def steps_note(requested: int, run: int, per_iteration: int) -> str | None:
     if run == requested:
         return None
     if requested < per_iteration:
-        return (f"{requested} steps asked for (--steps) are less than one iteration ({per_iteration} steps): "
+        return (f"the run's budget of {requested} steps (--steps) is less than one iteration ({per_iteration} steps): "
                 f"running {run}")
     how = "rounded down" if run < requested else "rounded up"
-    return (f"{requested} steps asked for (--steps) are not a multiple of the {per_iteration} steps of an iteration: "
+    return (f"the run's budget of {requested} steps (--steps) is not a multiple of the {per_iteration} steps of an iteration: "
             f"{how} to {run}")
 
 

@@ -113,7 +113,7 @@ def test_no_online_queries_collects_every_label_before_rl(tmp_path, capsys):
     assert rc == 0
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["labels"] for r in rows] == [60, 60]
-    assert "5000 steps asked for (--steps) are not a multiple of the 2048 steps of an iteration: rounded down to 4096" \
+    assert "the run's budget of 5000 steps (--steps) is not a multiple of the 2048 steps of an iteration: rounded down to 4096" \
         in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requested_steps"] == 5000 and summary["env_steps"] == 4096
@@ -122,7 +122,7 @@ def test_no_online_queries_collects_every_label_before_rl(tmp_path, capsys):
 def test_fewer_steps_than_one_iteration_runs_one_iteration_and_says_so():
     args = build_parser(classic.DOMAIN).parse_args(["--env", "CartPole-v1", "--steps", "1000"])
     run = PreferenceRun(config_from_args(args, classic.DOMAIN), progress=False)
-    assert run.parts.steps_note == "1000 steps asked for (--steps) are less than one iteration (2048 steps): running 2048"
+    assert run.parts.steps_note == "the run's budget of 1000 steps (--steps) is less than one iteration (2048 steps): running 2048"
     args = build_parser(classic.DOMAIN).parse_args(["--env", "CartPole-v1", "--steps", "4096"])
     assert PreferenceRun(config_from_args(args, classic.DOMAIN), progress=False).parts.steps_note is None
 

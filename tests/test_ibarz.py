@@ -131,7 +131,7 @@ def test_steps_rounded_up_to_whole_iterations_are_reported(full_run, tmp_path):
     saved = ibarz_config_from_json(json.loads((full_run / "config.json").read_text()))
     run = IbarzRun(dataclasses.replace(saved, total_steps=2500, out=str(tmp_path)), progress=False)
     assert run.steps_note == (
-        "2500 steps asked for (--steps) are not a multiple of the 1000 steps of an iteration: rounded up to 3000")
+        "the run's budget of 2500 steps (--steps) is not a multiple of the 1000 steps of an iteration: rounded up to 3000")
 
 
 def test_epsilon_anneals_over_the_iterations_actor_steps_only(full_run, tmp_path):
