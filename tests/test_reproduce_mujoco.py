@@ -427,3 +427,13 @@ def test_runs_of_another_step_budget_live_in_their_own_directory(tmp_path):
     assert mg.run_state(short, root) == "finished" and mg.run_state(long, root) == "start"
     assert rm.finished_finals(root, "Hopper", 700, [0], STEPS) == [5.0]
     assert rm.finished_finals(root, "Hopper", 700, [0], 2 * STEPS) == []
+
+
+def test_the_committed_table_lists_exactly_the_differences_the_code_writes():
+    """docs/results.md's block between the markers is what ``--plot-only`` rewrites: a difference
+    written there by hand and missing from ``A1_DIFFERENCES`` would vanish at the next redraw."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text(encoding="utf-8")
+    begin, end = "<!-- reproduce_mujoco:table:begin -->", "<!-- reproduce_mujoco:table:end -->"
+    block = text[text.index(begin):text.index(end)]
+    listed = block[block.index("Remaining differences from appendix A.1:"):].split("\n\n")[1]
+    assert [line[2:] for line in listed.splitlines()] == rm.A1_DIFFERENCES
