@@ -171,14 +171,17 @@ class Figure:
             lines.append(f"| {task} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
-    def reproduce_command(self, tasks, label_budgets, seeds, steps_override: int | None) -> str:
-        """The command line that reruns (or, finished, redraws) exactly this grid."""
+    def reproduce_command(self, tasks, label_budgets, seeds, steps_override: int | None, run_args=()) -> str:
+        """The command line that reruns (or, finished, redraws) exactly this grid, ``--run-args``
+        included: a table of runs made with other flags must not name the figure's default command."""
         parts = [f"python -m experiments.{self.name}", "--tasks", *tasks]
         parts += ["--seeds", str(len(seeds))] if list(seeds) == list(range(len(seeds))) else ["--seed-list", *map(str, seeds)]
         parts += ["--labels", *map(str, label_budgets)]
         budgets = {self.default_steps[t] for t in tasks if t in self.default_steps}
         if steps_override is not None or len(budgets) == 1:
             parts += ["--steps", str(steps_override if steps_override is not None else budgets.pop())]
+        if run_args:
+            parts.append("--run-args=" + shlex.quote(shlex.join(run_args)))
         return " ".join(parts)
 
     def section_markdown(self, table: str, command: str, steps_for: Callable[[str], int], tasks, figure: str) -> str:
@@ -448,7 +451,17 @@ class Figure:
 
     def command_line(self, args: argparse.Namespace) -> str:
         """The command that reruns (or redraws) the grid asked for."""
-        return self.reproduce_command(args.tasks, args.labels, args.seed_list, args.steps)
+        return self.reproduce_command(args.tasks, args.labels, args.seed_list, args.steps, args.run_args)
+
+    def check_run_args(self, run: Run, root: Path) -> None:
+        """Raise :class:`GridError` when ``--run-args`` are not flags the runs' entry point takes:
+        found here, before any run starts, not once per run as each of them fails."""
+        try:
+            grid_lib.expected_config(run, root)
+        except SystemExit:  # argparse has printed the entry point's usage and the bad flag
+            raise GridError(f"--run-args: not flags of python -m experiments.{run.entry} (above)") from None
+        except ValueError as e:
+            raise GridError(f"--run-args: {e}") from None
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         """Flags of this figure only (none here)."""
@@ -459,7 +472,10 @@ class Figure:
         steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
         try:
             self.check_args(args)
-            states = plan(ordered(self.runs(args, steps_for), args.tasks, args.order), root)
+            runs = ordered(self.runs(args, steps_for), args.tasks, args.order)
+            if args.run_args:
+                self.check_run_args(runs[0], root)
+            states = plan(runs, root)
         except GridError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -255,7 +255,7 @@ class IbarzFigure(Figure):
         return table, written
 
     def command_line(self, args: argparse.Namespace) -> str:
-        command = self.reproduce_command(args.tasks, args.labels, args.seed_list, args.steps)
+        command = self.reproduce_command(args.tasks, args.labels, args.seed_list, args.steps, args.run_args)
         if list(args.setups) != [s.name for s in SETUPS]:
             command += " --setups " + " ".join(args.setups)
         return command + f" --demos {args.demos}"

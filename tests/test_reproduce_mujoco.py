@@ -437,3 +437,24 @@ def test_the_committed_table_lists_exactly_the_differences_the_code_writes():
     block = text[text.index(begin):text.index(end)]
     listed = block[block.index("Remaining differences from appendix A.1:"):].split("\n\n")[1]
     assert [line[2:] for line in listed.splitlines()] == rm.A1_DIFFERENCES
+
+
+@pytest.mark.parametrize("run_args, says", [("--agent-config vf_recentr=True", "vf_recentr"),
+                                           ("--no-such-flag 3", "not flags of python -m experiments.mujoco")])
+def test_run_args_the_entry_point_refuses_stop_the_grid_before_any_run(grid, capsys, run_args, says):
+    root, argv, fake = grid
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "2", "--run-args", run_args]) == 2
+    assert fake.calls == [] and not root.exists()
+    assert says in capsys.readouterr().err
+
+
+def test_the_written_command_carries_the_run_args_the_runs_were_made_with(grid):
+    root, argv, fake = grid
+    results_md = Path(argv[argv.index("--results-md") + 1])
+    results_md.parent.mkdir(parents=True)
+    results_md.write_text("# Results\n")
+    flags = ["--tasks", "Hopper", "--seeds", "1", "--run-args", "--agent-config vf_recenter=True"]
+    assert rm.main(argv + flags) == 0
+    assert all("vf_recenter=True" in " ".join(call) for call in fake.calls) and len(fake.calls) == 2
+    assert (f"`python -m experiments.reproduce_mujoco --tasks Hopper --seeds 1 --labels 700 --steps {STEPS} "
+            "--run-args='--agent-config vf_recenter=True'`") in results_md.read_text()
