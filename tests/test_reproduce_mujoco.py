@@ -181,6 +181,22 @@ def test_config_mismatch_stops_before_any_run_naming_the_directory(grid, capsys,
     assert fake.calls == []
 
 
+def test_config_mismatch_names_the_nested_field_that_differs(grid, capsys):
+    """A run made with one agent setting changed is refused naming that setting, not the first 80
+    characters of two dicts that agree there."""
+    root, argv, fake = grid
+    agent = dict(expected("Hopper", 700, 0, STEPS, root)["agent_config"])
+    field = list(agent)[-1]
+    agent[field] = "changed"
+    write_run(root, "Hopper", 700, 0, config_changes={"agent_config": {**agent, "extra_knob": 1}})
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"agent_config.{field} is 'changed', asked for " in err
+    assert "agent_config.extra_knob is 1, asked for None" in err
+    assert "agent_config is {" not in err
+    assert fake.calls == []
+
+
 def test_baseline_config_keeps_its_unused_label_count_without_mismatch(grid):
     root, argv, fake = grid
     write_run(root, "Hopper", None, 0, config_changes={"labels": 1400})
