@@ -502,7 +502,9 @@ def main(domain: Domain, argv=None) -> int:
         else:
             cfg = config_from_args(args, domain)
         from rlhp_jax.human.server import check_binding
+        from rlhp_jax.runs import check_out_directory
 
+        check_out_directory(cfg.out)
         check_binding(args.host, args.token)
         if isinstance(cfg, RunConfig):
             run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))

@@ -28,6 +28,7 @@ import numpy as np
 from experiments import grid as grid_lib
 from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
                               run_dir, run_metrics, steps_label)
+from rlhp_jax.runs import check_out_directory
 
 TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
 WARMUP_ITERATIONS = 3  # iterations the wall-time estimate's warm-up runs (the first is start-up)
@@ -472,11 +473,12 @@ class Figure:
         steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
         try:
             self.check_args(args)
+            check_out_directory(root, "--root")
             runs = ordered(self.runs(args, steps_for), args.tasks, args.order)
             if args.run_args:
                 self.check_run_args(runs[0], root)
             states = plan(runs, root)
-        except GridError as e:
+        except (GridError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         if args.dry_run:

@@ -145,6 +145,9 @@ def run(argv=None) -> dict:
     out = Path(args.out or f"runs/sweep/{base.env}")
     main_process = jax.process_index() == 0
     if main_process:
+        from rlhp_jax.runs import check_out_directory
+
+        check_out_directory(out)
         if (out / "summary.json").exists():
             raise ValueError(f"{out} already holds a sweep; choose another --out.")
         out.mkdir(parents=True, exist_ok=True)
@@ -258,6 +261,9 @@ def compare(dirs: list[str], out: Path) -> dict:
             groups[f"{d.name}: {label}"] = {key: grid(key) for key, _ in SWEEP_PANELS}
     if len(envs) > 1:
         raise ValueError(f"the sweeps are of different tasks ({', '.join(sorted(envs))}); compare one task at a time.")
+    from rlhp_jax.runs import check_out_directory
+
+    check_out_directory(out)
     out.mkdir(parents=True, exist_ok=True)
     path = plot_sweep(groups, steps, out / "compare.png", title=f"{envs.pop()}: {len(groups)} settings")
     print(f"wrote {path}")

@@ -37,7 +37,7 @@ from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config import RunConfig
 from rlhp_jax.loop import RunParts, TrainState, chunk_keys, fold_in, query_chunks, split_keys, step_keys
 from rlhp_jax.metrics import finite_or_none, import_plotting_ahead, nanmean_or_none, plot_learning_curve, read_jsonl
-from rlhp_jax.runs import continues_from_checkpoint, open_run, write_summary
+from rlhp_jax.runs import check_out_directory, continues_from_checkpoint, open_run, write_summary
 from rlhp_jax.teachers import OracleTeacher, Teacher
 
 
@@ -198,6 +198,7 @@ class PreferenceRun:
         cfg, spec, parts = self.cfg, self.spec, self.parts
         out = Path(cfg.out)
         learn = self.learn
+        check_out_directory(out)
         # saved on a thread while the next iteration runs (each save waits for the one before)
         ckpt = self._checkpointer(background=True)
         restoring = continues_from_checkpoint(ckpt, out, self.resume, self.log)

@@ -68,7 +68,7 @@ from rlhp_jax.agents.dqfd import DQfD
 from rlhp_jax.config import IbarzConfig
 from rlhp_jax.core import episode_ends
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
-from rlhp_jax.runs import continues_from_checkpoint, open_run, read_run_config, write_summary
+from rlhp_jax.runs import check_out_directory, continues_from_checkpoint, open_run, read_run_config, write_summary
 from rlhp_jax.ensemble import RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.labels import bucket
@@ -457,6 +457,7 @@ class IbarzRun:
         out = Path(cfg.out)
         from rlhp_jax.checkpoint import Checkpointer
 
+        check_out_directory(out)
         self.ckpt = Checkpointer(out / "checkpoints", keep=cfg.keep_checkpoints)
         self.models = Checkpointer(out / "models", keep=1)
         restoring = continues_from_checkpoint(self.ckpt, out, self.resume, self.log)

@@ -46,6 +46,19 @@ def read_run_config(run_dir: str | Path):
     return dataclasses.replace(cfg, out=str(run_dir))
 
 
+def check_out_directory(out, flag: str = "--out") -> None:
+    """Refuses an output path that cannot become a directory: an existing file, or a path below
+    one (``--out /etc/passwd``), naming the path in the way and the ``flag`` that gave it, instead
+    of the OS's ``[Errno 17] File exists`` from deep inside the checkpointer or a grid's launch."""
+    out = Path(out)
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "is a file" if path == out else f"lies below {path}, which is a file"
+                raise ValueError(f"{flag} {out} {where}, not a directory: choose another {flag}.")
+            return
+
+
 def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str], None]) -> bool:
     """Whether a run in ``out`` (checkpoints in ``ckpt``) continues from a checkpoint (True) or
     starts from its config (False); shared by both protocols' drivers.

@@ -89,6 +89,24 @@ def test_bad_agent_config_is_one_line_and_makes_no_directory(argv, message, caps
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("below", [False, True])
+def test_an_out_that_is_a_file_is_refused_naming_it(below, capsys, tmp_path, no_training):
+    """``--out FILE`` (or a path below a file) is one line naming the file, not the OS's errno from
+    inside the checkpointer; the file is left as it was."""
+    from rlhp_jax.runs import check_out_directory
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine")
+    out = blocker / "run" if below else blocker
+    assert classic.main(["--out", str(out), "--no-progress"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert f"--out {out}" in line and "not a directory" in line and (not below or f"below {blocker}" in line)
+    assert blocker.read_text() == "mine" and sorted(tmp_path.iterdir()) == [blocker]
+    with pytest.raises(ValueError, match="not a directory"):
+        check_out_directory(out)
+    check_out_directory(tmp_path / "new" / "run")  # a path yet to be made is fine
+
+
 def test_agent_config_overrides_reach_the_dqfd_agent(tmp_path):
     args = build_parser(classic.DOMAIN).parse_args(["--agent", "dqfd", "--demos", "x.npz", "--agent-config",
                                                     "lr=1e-4", "hidden_sizes=[32]", "--out", str(tmp_path)])

@@ -205,6 +205,10 @@ def test_bad_input_is_refused(program, tmp_path):
 
     with pytest.raises(ValueError, match="1 device.* do not split into groups of 2"):  # this process: 1 CPU device
         sweep.run(["--env", "CartPole-v1", "--env-devices", "2", "--out", str(tmp_path / "s"), "--no-progress"])
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ValueError, match="--out .*file is a file, not a directory"):  # before any compile
+        sweep.run(["--env", "CartPole-v1", "--out", str(tmp_path / "file"), "--no-progress"])
+    assert (tmp_path / "file").read_text() == "mine"
 
 
 def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles):

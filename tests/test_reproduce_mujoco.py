@@ -181,6 +181,14 @@ def test_config_mismatch_stops_before_any_run_naming_the_directory(grid, capsys,
     assert fake.calls == []
 
 
+def test_a_root_that_is_a_file_is_refused_before_any_run(grid, capsys):
+    root, argv, fake = grid
+    root.write_text("mine")
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 2
+    assert f"--root {root} is a file, not a directory" in capsys.readouterr().err
+    assert fake.calls == [] and root.read_text() == "mine"
+
+
 def test_config_mismatch_names_the_nested_field_that_differs(grid, capsys):
     """A run made with one agent setting changed is refused naming that setting, not the first 80
     characters of two dicts that agree there."""
