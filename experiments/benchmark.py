@@ -413,7 +413,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=list(REWARD_MODELS), choices=REWARD_MODELS,
                    help="reward models in the reward section")
     p.add_argument("--envs", nargs="+", type=int, default=None, help="env counts for the env section (every task)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from rlhp_jax.runs import check_out_directory
+
+    try:  # now, not after minutes of measuring
+        check_out_directory(args.out)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 def main(argv=None) -> dict:

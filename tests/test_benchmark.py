@@ -9,6 +9,8 @@ import math
 import sys
 import types
 
+import pytest
+
 from experiments import benchmark
 
 
@@ -100,3 +102,15 @@ def test_loop_section_takes_its_rows_from_benchmark_loop(tmp_path, monkeypatch):
     assert out["stamp"]["sections"]["loop"]["status"] == "ok"
     md = (tmp_path / out["markdown"].split("/")[-1]).read_text()
     assert "| loop | CartPole-v1, 8 seeds | 1,234 | seeds·env steps/s | seeds=8 |" in md
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_measurement(tmp_path, monkeypatch, capsys):
+    def measured(args):
+        raise AssertionError("a section ran before --out was checked")
+
+    monkeypatch.setitem(benchmark.SECTIONS, "env", measured)
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit) as stop:
+        benchmark.main(["--quick", "--sections", "env", "--out", str(tmp_path / "file")])
+    assert stop.value.code == 2
+    assert "--out" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"
