@@ -81,6 +81,10 @@ def test_bad_queue_and_commands_fail_clearly(tmp_path, capsys):
     assert main(["serve", "--run", str(tmp_path / "nope")]) == 2
     assert main(["fit", "--file", str(tmp_path / "none.jsonl")]) == 2
     assert main(["queue", "--env", "CartPole-v1", "--pairs", "0", "--out", str(tmp_path / "q")]) == 2
+    (tmp_path / "file").write_text("mine")  # a file where the queue's directory would go
+    capsys.readouterr()
+    assert main(["queue", "--env", "CartPole-v1", "--pairs", "2", "--out", str(tmp_path / "file")]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"
 
 
 @pytest.mark.parametrize("argv, message", [
