@@ -216,7 +216,11 @@ class PreferenceRun:
             start_iter = int(meta["iteration"]) + 1
             asked, answered = int(meta["queries"]), int(meta["labels"])
             wall_before = float(meta.get("wall_s", 0.0))
-            self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
+            if start_iter > self.num_iters:  # killed after its last checkpoint, or simply resumed again
+                self.log(f"{out} had finished (iteration {start_iter - 1} of {self.num_iters}): nothing left to "
+                         "train; writing its summary and plots again")
+            else:
+                self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
         writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume,
                               keep_row=lambda r: r["iteration"] < start_iter,
                               purge_step=start_iter * self.steps_per_iter)

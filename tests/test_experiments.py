@@ -137,7 +137,7 @@ def _start(out: Path):
                              "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def test_resume_after_sigkill_continues_the_same_run(tmp_path, cartpole_run):
+def test_resume_after_sigkill_continues_the_same_run(tmp_path, capsys, cartpole_run):
     out = tmp_path / "killed"
     proc = _start(out)
     ckpt = Checkpointer(out / "checkpoints")
@@ -161,6 +161,12 @@ def test_resume_after_sigkill_continues_the_same_run(tmp_path, cartpole_run):
     assert rows[:killed_at] == before and rows[-1]["labels"] == 60
     # the resumed run is the same run: its rows are the uninterrupted one's (same seed, same config)
     assert_same_rows(rows, read_jsonl(cartpole_run / "metrics.jsonl"))
+    # resumed once more, the finished run says so and trains nothing: its rows and summary stay as they are
+    summary = (out / "summary.json").read_text()
+    capsys.readouterr()
+    assert classic.main(["--resume", str(out), "--no-progress"]) == 0
+    assert f"{out} had finished (iteration 6 of 6): nothing left to train" in capsys.readouterr().out
+    assert read_jsonl(out / "metrics.jsonl") == rows and (out / "summary.json").read_text() == summary
 
 
 WALL_CLOCK = ("wall_s", "steps_per_s")  # and every time_*_s
