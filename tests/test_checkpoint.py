@@ -394,15 +394,21 @@ elif mode == "during_prune":  # an old step renamed to trash and half deleted
         return orig_rmtree(path, *a, **k)
     shutil.rmtree = rmtree
 
+def say(*words):
+    """One line in one write: print() writes each word apart when Python runs unbuffered
+    (PYTHONUNBUFFERED), and a kill between two writes left a "saved" without its step."""
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
+
+
 c = ckpt.Checkpointer(directory, keep=2, background=sys.argv[5] == "1")
 start = (c.latest_step() or 0) + 1
-print("ready", flush=True)
+say("ready")
 for s in range(start, start + 1000):
     current[0] = s
     state = make_state(s, mb)
-    print("saving", s, flush=True)
+    say("saving", s)
     c.save(s, state, {"step": s})
-    print("saved", s, flush=True)
+    say("saved", s)
 '''
 
 _ns: dict = {}
