@@ -504,7 +504,11 @@ class IbarzRun:
             self.rng.bit_generator.state = meta["rng"]
             self.since = np.asarray(meta["since"], np.int64)
             self.wall_before = float(meta["wall_s"])
-            self.log(f"resuming {out} after stage {stage} ({self.answered} labels, {self.actor_steps} actor steps)")
+            if stage >= SECOND_PRETRAIN + self.num_iters:  # killed after its last checkpoint, or resumed again
+                self.log(f"{out} had finished (stage {stage}: iteration {self.num_iters} of {self.num_iters}): nothing "
+                         "left to train; writing its summary and plots again")
+            else:
+                self.log(f"resuming {out} after stage {stage} ({self.answered} labels, {self.actor_steps} actor steps)")
         self.teacher = self._make_teacher(out)
         if restoring:
             self.teacher.restore(meta)

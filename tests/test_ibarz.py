@@ -77,7 +77,7 @@ def _comparable(rows):
     return [{k: r.get(k) for k in keys} for r in rows]
 
 
-def test_sigkill_then_resume_continues_the_same_run(full_run, demo_file, tmp_path):
+def test_sigkill_then_resume_continues_the_same_run(full_run, demo_file, tmp_path, capsys):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "experiments.classic", *TINY, "--demos", demo_file,
            "--setup", "demos+prefs+autolabels", "--out", str(out)]
@@ -93,6 +93,11 @@ def test_sigkill_then_resume_continues_the_same_run(full_run, demo_file, tmp_pat
     labels_before = json.loads((out / "checkpoints" / "5" / "rlhp_commit.json").read_text())
     assert labels_before  # a committed checkpoint survived the kill
     assert classic.main(["--resume", str(out), "--no-progress"]) == 0
+    assert f"resuming {out} after stage " in capsys.readouterr().out
+    _assert_same_run(out, full_run)
+    # resumed again, the finished run says so, trains nothing and ends as before
+    assert classic.main(["--resume", str(out), "--no-progress"]) == 0
+    assert f"{out} had finished (stage 7: iteration 3 of 3): nothing left to train" in capsys.readouterr().out
     _assert_same_run(out, full_run)
 
 
