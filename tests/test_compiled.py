@@ -211,7 +211,7 @@ def test_bad_input_is_refused(program, tmp_path):
     assert (tmp_path / "file").read_text() == "mine"
 
 
-def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles):
+def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles, capsys):
     """Two seeds of the compiled loop from preferences (the README's CartPole settings, 40k steps)."""
     from experiments import sweep
 
@@ -239,6 +239,9 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles):
     final = [[r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None][-1] for s in (0, 1)]
     assert summary["settings"][0]["pass_at"] == 130
     assert summary["settings"][0]["seeds_passing"] == sum(f >= 130 for f in final)
+    assert summary["settings"][0]["seeds_reaching"] == sum(b >= 130 for b in best)
+    assert (f"final >= 130 on {sum(f >= 130 for f in final)} of 2 (reached at some evaluation by "
+            f"{sum(b >= 130 for b in best)})") in capsys.readouterr().out
     # on one device the program's executable is kept (compile_cache.jit): built again, it is loaded,
     # nothing compiles, and it computes the same to the bit
     assert kept_compiles == ["run"]  # the kept programs compiled (not loaded)
