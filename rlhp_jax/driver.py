@@ -37,7 +37,7 @@ from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config import RunConfig
 from rlhp_jax.loop import RunParts, TrainState, chunk_keys, fold_in, query_chunks, split_keys, step_keys
 from rlhp_jax.metrics import finite_or_none, import_plotting_ahead, nanmean_or_none, plot_learning_curve, read_jsonl
-from rlhp_jax.runs import check_out_directory, continues_from_checkpoint, open_run, write_summary
+from rlhp_jax.runs import check_out_directory, continues_from_checkpoint, finished_line, open_run, write_summary
 from rlhp_jax.teachers import OracleTeacher, Teacher
 
 
@@ -217,8 +217,7 @@ class PreferenceRun:
             asked, answered = int(meta["queries"]), int(meta["labels"])
             wall_before = float(meta.get("wall_s", 0.0))
             if start_iter > self.num_iters:  # killed after its last checkpoint, or simply resumed again
-                self.log(f"{out} had finished (iteration {start_iter - 1} of {self.num_iters}): nothing left to "
-                         "train; writing its summary and plots again")
+                self.log(finished_line(out, f"iteration {start_iter - 1} of {self.num_iters}"))
             else:
                 self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
         writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume,

@@ -68,7 +68,8 @@ from rlhp_jax.agents.dqfd import DQfD
 from rlhp_jax.config import IbarzConfig
 from rlhp_jax.core import episode_ends
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
-from rlhp_jax.runs import check_out_directory, continues_from_checkpoint, open_run, read_run_config, write_summary
+from rlhp_jax.runs import (check_out_directory, continues_from_checkpoint, finished_line, open_run, read_run_config,
+                           write_summary)
 from rlhp_jax.ensemble import RewardEnsemble
 from rlhp_jax.envs import make_env
 from rlhp_jax.labels import bucket
@@ -505,8 +506,7 @@ class IbarzRun:
             self.since = np.asarray(meta["since"], np.int64)
             self.wall_before = float(meta["wall_s"])
             if stage >= SECOND_PRETRAIN + self.num_iters:  # killed after its last checkpoint, or resumed again
-                self.log(f"{out} had finished (stage {stage}: iteration {self.num_iters} of {self.num_iters}): nothing "
-                         "left to train; writing its summary and plots again")
+                self.log(finished_line(out, f"stage {stage}: iteration {self.num_iters} of {self.num_iters}"))
             else:
                 self.log(f"resuming {out} after stage {stage} ({self.answered} labels, {self.actor_steps} actor steps)")
         self.teacher = self._make_teacher(out)

@@ -82,6 +82,12 @@ def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str]
     raise ValueError(f"{ckpt.directory} holds step directories that this run did not write: choose another --out.")
 
 
+def finished_line(out: Path, where: str) -> str:
+    """What a driver logs when ``--resume`` restores ``out`` at its last checkpoint (killed after it,
+    or resumed again): ``where`` names that checkpoint in the driver's own units."""
+    return f"{out} had finished ({where}): nothing left to train; writing its summary and plots again"
+
+
 def open_run(out: Path, cfg, *, restoring: bool, resume: bool, keep_row: Callable[[dict], bool],
              purge_step: int) -> tuple[MetricsWriter, TensorBoardWriter]:
     """Make ``out`` ready for the run and open its metrics writers.
