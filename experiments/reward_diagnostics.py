@@ -58,7 +58,11 @@ action, which the agent controls directly.  On a task with a healthy range (Hopp
 the pendulums) it also says what share of the labeled steps are in range and how r̂ weighs being
 there against the true reward (``healthy_weight``): a reward model that pays too little for
 staying upright lets the agent trade the range for speed.  For vector observations it reads
-out, per feature, what r̂ pays against what the true reward pays (``feature_weights``).
+out, per feature, what r̂ pays against what the true reward pays (``feature_weights``), and what
+r̂ pays for moving each feature alone away from the task's start states, 2 to 10 of its stds over
+the labeled clips (``feature_probe``): how r̂ extrapolates where the labels thin out.  On the
+README's CartPole job the runs that miss 475 pay the cart's speed and its distance from the middle
+there, where the passing runs mostly do not (BUILD_NOTES).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.rollout import collect_rollout
 from rlhp_jax.core import clip_action
 from rlhp_jax import tasks
+from rlhp_jax.ensemble import INPUT_CLIP
 from rlhp_jax.envpool_envs import healthy
 from rlhp_jax.loop import per_episode
 from rlhp_jax.runs import read_run_config
@@ -255,6 +260,46 @@ def feature_weights(features, r_hat, true) -> dict | None:
     return dict(r_hat=(fit(r_hat) / slope).tolist(), true=fit(true).tolist(), slope=float(slope))
 
 
+PROBE_STDS = (2.0, 5.0, 10.0)  # how far ``feature_probe`` moves a feature, in stds of the labeled clips
+PROBE_STARTS = 256  # start states it moves them from
+
+
+def feature_probe(r_hat, start, scale, stds=PROBE_STDS) -> np.ndarray:
+    """What r̂ pays for moving one observation feature away from the task's start states.
+
+    ``r_hat`` maps observations [S, D] to r̂ [S]; ``start`` [S, D] are start states and ``scale``
+    [D] each feature's std over the labeled clips.  Returns [D, 2·len(stds)]: for feature i and k in
+    (−stds[-1] … −stds[0], +stds[0] … +stds[-1]), the mean over the start states of r̂ with feature i
+    moved by k·scale[i], less r̂ at the start states.  One call of ``r_hat`` on every moved copy."""
+    start, scale = np.asarray(start, np.float32), np.asarray(scale, np.float32)
+    ks = np.concatenate([-np.asarray(stds[::-1]), np.asarray(stds)]).astype(np.float32)
+    n, d = start.shape
+    moved = np.repeat(start[None, None], d, 0).repeat(len(ks), 1)  # [D, K, S, D]
+    moved[np.arange(d), :, :, np.arange(d)] += ks[None, :, None] * scale[:, None, None]
+    r = np.asarray(r_hat(np.concatenate([start, moved.reshape(-1, d)]))).astype(np.float64)
+    return r[n:].reshape(d, len(ks), n).mean(-1) - r[:n].mean()
+
+
+def probe_run(rm_run: PreferenceRun, rm_state: dict, obs_std, seed: int = 0) -> np.ndarray:
+    """``feature_probe`` of a run's newest r̂ (as the agent gets it) from ``PROBE_STARTS`` of its task's
+    start states, r̂ averaged over every action (discrete) or over uniform ones (continuous)."""
+    env, spec, ens = rm_run.env, rm_run.spec, rm_state["ensemble"]
+    keys = jax.random.split(jax.random.PRNGKey(seed), -(-PROBE_STARTS // env.num_envs))
+    start = np.concatenate([np.asarray(env.reset(k)[1]) for k in keys])[:PROBE_STARTS]
+
+    def r_hat(obs):
+        obs = jnp.asarray(obs)
+        if spec.discrete:
+            acts = [jnp.full((len(obs),), a, jnp.int32) for a in range(spec.num_actions)]
+        else:
+            low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
+            u = jax.random.uniform(jax.random.PRNGKey(seed + 1), (4, len(obs), spec.num_actions))
+            acts = list(low + u * (high - low))
+        return np.mean([np.asarray(rm_run.ensemble.predict_reward(ens, obs, a)) for a in acts], 0)
+
+    return feature_probe(r_hat, start, obs_std)
+
+
 def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
     """What a run's labels hold and how its newest r̂ reads the labeled clips (see ``--labels``)."""
     if not rm_run.parts.learn:
@@ -287,8 +332,13 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
         nxt = obs[:, :, 1:]
         h = np.asarray(healthy(rm_run.cfg.env, nxt.reshape(-1, nxt.shape[-1])))
         in_range = healthy_weight(r[:, :, :-1], true[:, :, :-1], h)
-    weights = feature_weights(obs.reshape(-1, obs.shape[-1]), r, true) if obs.ndim == 4 else None  # vector observations
-    return dict(labels=n, initial=initial, ties=int(tie.sum()), weights=weights,
+    weights = probe = obs_std = None
+    if obs.ndim == 4:  # vector observations
+        flat = obs.reshape(-1, obs.shape[-1])
+        weights = feature_weights(flat, r, true)
+        obs_std = flat.std(0)
+        probe = probe_run(rm_run, rm_state, obs_std, seed=seed)
+    return dict(labels=n, initial=initial, ties=int(tie.sum()), weights=weights, probe=probe, obs_std=obs_std,
                 initial_ties=None if initial is None else int(tie[:initial].sum()),
                 still_ties=int((tie & still).sum()), corr=corr(r), corr_shuffled=corr(r_shuffled),
                 r_std=float(r.std()), action_std=float((r - r_shuffled).std()), healthy=in_range)
@@ -344,6 +394,14 @@ def main(argv=None) -> int:
                 print("  r̂ per observation feature (per std, in true-reward units), against the true reward: "
                       + ", ".join(f"[{i}] {a:+.3f} ({b:+.3f})" for i, (a, b) in enumerate(zip(w["r_hat"], w["true"]))),
                       flush=True)
+            if rep["probe"] is not None:
+                ks = [f"{k:+g}" for k in (*(-k for k in PROBE_STDS[::-1]), *PROBE_STDS)]
+                print(f"  r̂ from {PROBE_STARTS} of the task's start states with one feature moved by k stds of "
+                      f"the labeled clips (r̂ as the agent gets it, less r̂ at the start states; r̂'s inputs "
+                      f"stop at ±{INPUT_CLIP:g} stds):\n"
+                      f"    {'feature':8s} {'std':>8s} " + " ".join(f"{k:>6s}" for k in ks), flush=True)
+                for i, (sd, row) in enumerate(zip(rep["obs_std"], rep["probe"])):
+                    print(f"    {f'[{i}]':8s} {sd:8.3g} " + " ".join(f"{x:+6.2f}" for x in row), flush=True)
             if rep["healthy"] is not None:
                 h = rep["healthy"]
                 print(f"  in the healthy range: {100 * h['share']:.1f} % of the labeled steps; r̂ ≈ "

@@ -383,6 +383,31 @@ def test_reward_diagnostics_labels_counts_ties_and_the_actions_share(cartpole_ru
     assert f"decisive: {rep['labels'] - rep['ties']}" in out
     assert len(rep["weights"]["r_hat"]) == len(rep["weights"]["true"]) == 4  # CartPole's four features
     assert "r̂ per observation feature" in out and f"[3] {rep['weights']['r_hat'][3]:+.3f}" in out
+    assert rep["probe"].shape == (4, 2 * len(reward_diagnostics.PROBE_STDS)) and np.isfinite(rep["probe"]).all()
+    np.testing.assert_allclose(rep["obs_std"], np.asarray(buffer.obs)[filled].reshape(-1, 4).std(0), rtol=1e-5)
+    assert "with one feature moved by k stds" in out and f"{rep['probe'][2][0]:+6.2f}" in out
+    # CartPole's reward model is mirror-invariant and its start states lie about 0: ±k stds read alike
+    np.testing.assert_allclose(rep["probe"], rep["probe"][:, ::-1], atol=0.05)
+
+
+def test_feature_probe_moves_one_feature_at_a_time():
+    """r̂ = 2·x0 − x1² (x2 ignored), from start states s: moving x0 by k·σ0 adds 2kσ0; moving x1 by
+    kσ1 adds −(2·s1·kσ1 + k²σ1²), on average over the states; moving x2 adds nothing."""
+    from experiments.reward_diagnostics import feature_probe
+
+    start = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32) * 0.1
+    scale, calls = np.array([0.5, 2.0, 3.0]), []
+
+    def r_hat(obs):
+        calls.append(len(obs))
+        return 2 * obs[:, 0] - obs[:, 1] ** 2
+
+    got = feature_probe(r_hat, start, scale, stds=(1.0, 4.0))
+    ks = np.array([-4.0, -1.0, 1.0, 4.0])
+    assert got.shape == (3, 4) and calls == [64 * (1 + 3 * 4)]  # every moved copy in one call
+    np.testing.assert_allclose(got[0], 2 * ks * 0.5, rtol=1e-5)
+    np.testing.assert_allclose(got[1], -(2 * start[:, 1].mean() * ks * 2 + (ks * 2) ** 2), rtol=1e-4)
+    np.testing.assert_allclose(got[2], 0.0, atol=1e-6)
 
 
 def test_feature_weights_read_what_each_reward_pays_per_feature():
