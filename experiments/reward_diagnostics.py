@@ -397,8 +397,8 @@ def main(argv=None) -> int:
             if rep["probe"] is not None:
                 ks = [f"{k:+g}" for k in (*(-k for k in PROBE_STDS[::-1]), *PROBE_STDS)]
                 print(f"  r̂ from {PROBE_STARTS} of the task's start states with one feature moved by k stds of "
-                      f"the labeled clips (r̂ as the agent gets it, less r̂ at the start states; r̂'s inputs "
-                      f"stop at ±{INPUT_CLIP:g} stds):\n"
+                      f"the labeled clips (r̂ as the agent gets it, less r̂ at the start states; r̂ clips its "
+                      f"standardized inputs at ±{INPUT_CLIP:g} of its own stds of those clips):\n"
                       f"    {'feature':8s} {'std':>8s} " + " ".join(f"{k:>6s}" for k in ks), flush=True)
                 for i, (sd, row) in enumerate(zip(rep["obs_std"], rep["probe"])):
                     print(f"    {f'[{i}]':8s} {sd:8.3g} " + " ".join(f"{x:+6.2f}" for x in row), flush=True)
