@@ -60,7 +60,9 @@ there against the true reward (``healthy_weight``): a reward model that pays too
 staying upright lets the agent trade the range for speed.  For vector observations it reads
 out, per feature, what r̂ pays against what the true reward pays (``feature_weights``), and what
 r̂ pays for moving each feature alone away from the task's start states, 2 to 10 of its stds over
-the labeled clips (``feature_probe``): how r̂ extrapolates where the labels thin out.  On the
+the labeled clips (``feature_probe``): how r̂ extrapolates where the labels thin out.  A moved
+state need not be one the task can reach (Pendulum's cosine beyond 1): the probe reads r̂'s
+extrapolation, not what a policy could collect.  On the
 README's CartPole job the runs that miss 475 pay the cart's speed and its distance from the middle
 there, where the passing runs mostly do not (BUILD_NOTES).
 """
