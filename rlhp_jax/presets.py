@@ -79,7 +79,8 @@ BUDGETS = {
 # seed-sensitive (BUILD_NOTES, "the README's CartPole job"): at 60k steps about four seeds in five
 # end at >= 475 with the changes below (152 of 192; the true reward: 173 of 192).  Neither 150k
 # steps nor PPO's rate or updates move it, and the final r̂ of a failed run misleads fresh agents on
-# some seeds only.
+# some seeds only.  A miss's r̂ pays the cart for moving and for leaving the middle, a confound of its
+# own labels (``python -m experiments.reward_diagnostics --rm RUN --labels``; BUILD_NOTES).
 TASK_BUDGETS = {
     "CartPole-v1": (200, 60_000),
     "Pendulum-v1": (1000, 150_000),
