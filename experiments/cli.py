@@ -56,6 +56,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rlhp_jax.refusal import refuse
+
 # fields set by the flags that are no field, or by none
 NOT_FLAGS = ("env", "total_steps", "labels", "seed", "agent", "agent_config", "reward_source", "label_source",
              "ablation", "out", "protocol")
@@ -526,8 +528,7 @@ def main(domain: Domain, argv=None) -> int:
             if server is not None:
                 server.stop()
     except (ValueError, CheckpointError, OSError, DemoError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(json.dumps(summary, indent=2))
     print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")
     return 0

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from rlhp_jax.metrics import read_jsonl
+from rlhp_jax.refusal import refuse
 
 PANELS = (
     ("agent out of the healthy range (fraction of steps)", (("fall_out_of_range", "-"),)),
@@ -81,8 +82,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     missing = [str(r) for r in args.runs if not (r / "metrics.jsonl").is_file()]
     if missing:
-        print(f"error: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
-        return 2
+        return refuse(f"no metrics.jsonl in {', '.join(missing)}")
     plot(args.runs, args.out)
     print(args.out)
     return 0

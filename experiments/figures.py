@@ -28,6 +28,7 @@ import numpy as np
 from experiments import grid as grid_lib
 from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
                               run_dir, run_metrics, steps_label)
+from rlhp_jax.refusal import refuse
 from rlhp_jax.runs import check_out_directory
 
 TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
@@ -479,16 +480,14 @@ class Figure:
                 self.check_run_args(runs[0], root)
             states = plan(runs, root)
         except (GridError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return refuse(e)
         if args.dry_run:
             print(describe_plan(states, root), flush=True)
             return 0
         if args.plot_only and all(state == "start" for state in states.values()):
             # a mistyped --root or --steps would otherwise overwrite results.md's table with dashes
-            print(f"error: no run of this grid under {root} (check --root, --steps and the seeds): nothing to "
-                  "draw, and results.md is left as it is", file=sys.stderr)
-            return 2
+            return refuse(f"no run of this grid under {root} (check --root, --steps and the seeds): nothing to "
+                          "draw, and results.md is left as it is")
         failed = []
         if not args.plot_only:
             print(describe_plan(states, root), flush=True)
@@ -507,8 +506,7 @@ class Figure:
         try:
             self.write_results_section(results_md, self.section_markdown(table, command, steps_for, args.tasks, figure))
         except GridError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return refuse(e)
         print(table)
         print(json.dumps({"plots": [str(f) for f in figures], "results": str(results_md)}))
         if failed:

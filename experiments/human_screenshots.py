@@ -24,6 +24,8 @@ import pathlib
 import sys
 import tempfile
 
+from rlhp_jax.refusal import refuse
+
 VIEWPORT = {"width": 1366, "height": 768}
 PLAYED_S = 0.5  # both clips must have played this long before a pair is captured
 
@@ -86,8 +88,7 @@ def main(argv=None) -> int:
     from rlhp_jax.human.browser import CHROMIUM, launch
 
     if CHROMIUM is None:
-        print("error: Debian's chromium is not installed (apt-get install chromium)", file=sys.stderr)
-        return 2
+        return refuse("Debian's chromium is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     from rlhp_jax.human.store import LabelStore

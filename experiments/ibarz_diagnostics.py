@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhp_jax.refusal import refuse
+
 
 def _plt():
     import matplotlib
@@ -311,8 +313,7 @@ def main(argv=None) -> int:
             res = frozen(args.run, args.out, args.steps, not args.no_progress)
             print(f"wrote {Path(res['out']) / 'reward_hacking.png'}")
     except (ValueError, OSError, CheckpointError, DemoError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(json.dumps(res, indent=2))
     return 0
 

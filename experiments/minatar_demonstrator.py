@@ -11,9 +11,10 @@ Errors are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
+
+from rlhp_jax.refusal import refuse
 
 ENV = "Breakout-MinAtar"
 
@@ -47,8 +48,7 @@ def main(argv=None) -> int:
         save_recording(rec, args.out)
         return 0
     except (DemoError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ from rlhp_jax.rollout import collect_rollout
 from rlhp_jax.core import clip_action
 from rlhp_jax import tasks
 from rlhp_jax.ensemble import INPUT_CLIP
+from rlhp_jax.refusal import refuse
 from rlhp_jax.envpool_envs import healthy
 from rlhp_jax.loop import per_episode
 from rlhp_jax.runs import read_run_config
@@ -453,8 +454,7 @@ def main(argv=None) -> int:
                       f"{row['r_hat']:8.3f} {row['corr']:6.3f} {row['slope']:6.2f} {row['action_share']:12.3f}"
                       f" {row['spread']:6.3f}")
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

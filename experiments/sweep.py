@@ -33,6 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhp_jax.refusal import refuse
+
+PROG = "python -m experiments.sweep"
+
 GRID_FLAGS = {  # flag -> Hyper field
     "sweep_labels": "labels",
     "mistake_rates": "mistake_rate",
@@ -44,7 +48,7 @@ GRID_FLAGS = {  # flag -> Hyper field
 
 def parse(argv):
     # allow_abbrev=False: "--env" (passed through to experiments.classic) must not be read as "--env-devices"
-    p = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__, allow_abbrev=False,
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=8, help="seeds per setting (default 8)")
     p.add_argument("--first-seed", type=int, default=0)
@@ -78,10 +82,12 @@ def parse(argv):
 
 
 def base_config(rest: list[str], labels_needed: int | None):
-    """The RunConfig ``python -m experiments.classic`` would build from the same flags."""
-    from experiments.classic import DOMAIN
+    """The RunConfig ``python -m experiments.classic`` would build from the same flags (a bad one is
+    refused under this command's name)."""
+    from experiments.classic import DOMAIN as CLASSIC
     from experiments.cli import build_parser, config_from_args, start_compile_cache
 
+    DOMAIN = dataclasses.replace(CLASSIC, prog=PROG)
     cargs = build_parser(DOMAIN).parse_args(rest)
     start_compile_cache(cargs)  # before the program compiles (--no-compile-cache: off)
     if cargs.teacher == "human":
@@ -215,7 +221,7 @@ def run(argv=None) -> dict:
         for r in summary_rows:
             name = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "config"
             print(f"{name}: final eval {_pm(r['final_eval_mean'], r['final_eval_std'])} "
-                  f"(best {_pm(r['best_eval_mean'], r['best_eval_std'])}) over {r['seeds']} seeds"
+                  f"(best {_pm(r['best_eval_mean'], r['best_eval_std'])}) over {r['seeds']} seed{'s' * (r['seeds'] != 1)}"
                   + (f"; final >= {r['pass_at']:g} on {r['seeds_passing']} of {r['seeds']} (reached at some "
                      f"evaluation by {r['seeds_reaching']})" if "pass_at" in r else ""))
         for t in timings:
@@ -304,8 +310,7 @@ def main(argv=None) -> int:
     try:
         run(argv)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import jax
 
 from rlhp_jax.demos import DemoError, describe, read_demos, record_policy
+from rlhp_jax.refusal import refuse
 
 
 def save_recording(rec, out) -> None:
@@ -66,8 +66,7 @@ def main(argv=None) -> int:
         save_recording(rec, args.out)
         return 0
     except (DemoError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
 
 
 if __name__ == "__main__":

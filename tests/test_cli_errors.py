@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from rlhp_jax import demos as D
 from rlhp_jax import demos_cli
 from rlhp_jax.agents.ppo import PPOConfig
 from rlhp_jax.config import IbarzConfig, RunConfig, config_to_json
+from rlhp_jax.refusal import refuse
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -463,6 +465,23 @@ def test_every_field_of_a_saved_config_is_required(tmp_path, capsys, no_training
 
 
 # ------------------------------------------------------------------ the real entry points
+def test_every_command_refuses_through_one_function():
+    """One home for how a command refuses its input (``rlhp_jax.refusal.refuse``): no module prints
+    an ``error: …`` line of its own, so the format and the exit status cannot drift apart."""
+    own = re.compile(r"""print\(\s*f?["']error: """)
+    offenders = [f"{path.relative_to(REPO)}:{n}" for folder in ("rlhp_jax", "experiments")
+                 for path in sorted((REPO / folder).rglob("*.py")) if path.name != "refusal.py"
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if own.search(line) and "status['error']" not in line]  # the play session's own outcome, exit 1
+    assert offenders == []
+
+
+def test_refuse_prints_one_line_on_stderr_and_gives_2(capsys):
+    assert refuse(ValueError("--labels must be at least 1")) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "error: --labels must be at least 1\n"
+
+
 def test_entry_points_print_one_line_and_exit_2(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     run = tmp_path / "run"

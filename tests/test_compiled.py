@@ -190,7 +190,7 @@ def test_two_processes_on_loopback_equal_one(reference, tmp_path):
     _same_run({**reference, **{f"hosts_{k}": v for k, v in got.items()}}, "hosts")
 
 
-def test_bad_input_is_refused(program, tmp_path):
+def test_bad_input_is_refused(program, tmp_path, capsys):
     from rlhp_jax.config import RunConfig
 
     with pytest.raises(ValueError, match="pure-JAX"):
@@ -209,6 +209,12 @@ def test_bad_input_is_refused(program, tmp_path):
     with pytest.raises(ValueError, match="--out .*file is a file, not a directory"):  # before any compile
         sweep.run(["--env", "CartPole-v1", "--out", str(tmp_path / "file"), "--no-progress"])
     assert (tmp_path / "file").read_text() == "mine"
+    # the run's flags are experiments.classic's, but a bad one is refused under the sweep's name
+    with pytest.raises(ValueError, match="Unknown environment 'Nope' for python -m experiments.sweep"):
+        sweep.run(["--env", "Nope", "--out", str(tmp_path / "s"), "--no-progress"])
+    with pytest.raises(SystemExit):
+        sweep.run(["--no-such-flag", "--out", str(tmp_path / "s")])
+    assert "python -m experiments.sweep: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
 
 
 def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles, capsys):

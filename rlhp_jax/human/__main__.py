@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlhp_jax.refusal import refuse
+
 
 def _store_for(args, create: bool = True) -> "LabelStore":  # noqa: F821
     """The store ``--run DIR`` (its ``labels.sqlite``) or ``--queue FILE`` (the ``.sqlite`` beside
@@ -247,8 +249,7 @@ def main(argv=None) -> int:
 
             return serve_play(args)
     except (ValueError, OSError, sqlite3.Error) as e:  # sqlite3: a store damaged beyond its first page
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

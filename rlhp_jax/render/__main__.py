@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlhp_jax import tasks
+from rlhp_jax.refusal import refuse
 from rlhp_jax.render.atari import NATIVE_SCALE, NativeFrames, atari_clip_frames, atari_native_clip_frames
 from rlhp_jax.render.classic import MIN_CLIP_SIZE, classic_clip_frames
 from rlhp_jax.render.mujoco import MujocoRenderer, reconstruct_state
@@ -121,8 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise _UsageError(f"--size for {name} must be an even number >= {MIN_CLIP_SIZE}, "
                                   f"got {args.size}")
     except _UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc)
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
