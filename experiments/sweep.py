@@ -87,8 +87,8 @@ def base_config(rest: list[str], labels_needed: int | None):
     from experiments.classic import DOMAIN as CLASSIC
     from experiments.cli import build_parser, config_from_args, start_compile_cache
 
-    DOMAIN = dataclasses.replace(CLASSIC, prog=PROG)
-    cargs = build_parser(DOMAIN).parse_args(rest)
+    domain = dataclasses.replace(CLASSIC, prog=PROG)
+    cargs = build_parser(domain).parse_args(rest)
     start_compile_cache(cargs)  # before the program compiles (--no-compile-cache: off)
     if cargs.teacher == "human":
         raise ValueError("A sweep labels with the synthetic oracle; people label through python -m experiments.classic.")
@@ -97,7 +97,7 @@ def base_config(rest: list[str], labels_needed: int | None):
                          "python -m experiments.classic --agent dqfd.")
     if labels_needed is not None:
         cargs.labels = labels_needed if cargs.labels is None else max(cargs.labels, labels_needed)
-    return config_from_args(cargs, DOMAIN)
+    return config_from_args(cargs, domain)
 
 
 class Progress:
@@ -220,8 +220,9 @@ def run(argv=None) -> dict:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         for r in summary_rows:
             name = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "config"
+            seeds = f"{r['seeds']} seed" + "s" * (r["seeds"] != 1)
             print(f"{name}: final eval {_pm(r['final_eval_mean'], r['final_eval_std'])} "
-                  f"(best {_pm(r['best_eval_mean'], r['best_eval_std'])}) over {r['seeds']} seed{'s' * (r['seeds'] != 1)}"
+                  f"(best {_pm(r['best_eval_mean'], r['best_eval_std'])}) over {seeds}"
                   + (f"; final >= {r['pass_at']:g} on {r['seeds_passing']} of {r['seeds']} (reached at some "
                      f"evaluation by {r['seeds_reaching']})" if "pass_at" in r else ""))
         for t in timings:
