@@ -504,7 +504,7 @@ def main(domain: Domain, argv=None) -> int:
         else:
             cfg = config_from_args(args, domain)
         from rlhp_jax.human.server import check_binding
-        from rlhp_jax.runs import check_out_directory
+        from rlhp_jax.runs import check_out_directory, claimed
 
         check_out_directory(cfg.out)
         check_binding(args.host, args.token)
@@ -516,17 +516,19 @@ def main(domain: Domain, argv=None) -> int:
 
             run = IbarzRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
             asks_people = cfg.label_source == "human"
-        server = None
-        if asks_people:  # the page, from a thread of this process
-            from rlhp_jax.human.server import start_page
-            from rlhp_jax.human.store import LabelStore
+        # this process's alone from here (the page's label store lives there too)
+        with claimed(cfg.out, "--resume" if args.resume else "--out"):
+            server = None
+            if asks_people:  # the page, from a thread of this process
+                from rlhp_jax.human.server import start_page
+                from rlhp_jax.human.store import LabelStore
 
-            server = start_page(LabelStore(cfg.out), cfg.env, args)
-        try:
-            summary = run.run()
-        finally:
-            if server is not None:
-                server.stop()
+                server = start_page(LabelStore(cfg.out), cfg.env, args)
+            try:
+                summary = run.run()
+            finally:
+                if server is not None:
+                    server.stop()
     except (ValueError, CheckpointError, OSError, DemoError) as e:
         return refuse(e)
     print(json.dumps(summary, indent=2))

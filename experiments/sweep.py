@@ -25,6 +25,7 @@ mean ± std over seeds, and the timings), and ``config.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -132,6 +133,11 @@ class Progress:
 
 
 def run(argv=None) -> dict:
+    with contextlib.ExitStack() as held:  # the sweep's --out, held while it runs (runs.claimed)
+        return _run(argv, held)
+
+
+def _run(argv, held: contextlib.ExitStack) -> dict:
     parser, args, rest = parse(argv)
     if args.compare:
         return compare(args.compare, Path(args.out or "runs/sweep/compare"))
@@ -153,12 +159,11 @@ def run(argv=None) -> dict:
     out = Path(args.out or f"runs/sweep/{base.env}")
     main_process = jax.process_index() == 0
     if main_process:
-        from rlhp_jax.runs import check_out_directory
+        from rlhp_jax.runs import claimed
 
-        check_out_directory(out)
+        held.enter_context(claimed(out))
         if (out / "summary.json").exists():
             raise ValueError(f"{out} already holds a sweep; choose another --out.")
-        out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dict(config_to_json(base), sweep=vars(args)), indent=2))
     if args.member_devices > 1:  # members split over devices must be one vmapped computation
         base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))

@@ -37,7 +37,7 @@ from rlhp_jax.agents.common import evaluate
 from rlhp_jax.config import RunConfig
 from rlhp_jax.loop import RunParts, TrainState, chunk_keys, fold_in, query_chunks, split_keys, step_keys
 from rlhp_jax.metrics import finite_or_none, import_plotting_ahead, nanmean_or_none, plot_learning_curve, read_jsonl
-from rlhp_jax.runs import check_out_directory, continues_from_checkpoint, finished_line, open_run, write_summary
+from rlhp_jax.runs import claimed, continues_from_checkpoint, finished_line, open_run, write_summary
 from rlhp_jax.teachers import OracleTeacher, Teacher
 
 
@@ -195,10 +195,15 @@ class PreferenceRun:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
+        """Train to the end (or on from a checkpoint), holding the run directory against every other
+        process meanwhile (``runs.claimed``); returns the summary."""
+        with claimed(self.cfg.out):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         cfg, spec, parts = self.cfg, self.spec, self.parts
         out = Path(cfg.out)
         learn = self.learn
-        check_out_directory(out)
         # saved on a thread while the next iteration runs (each save waits for the one before)
         ckpt = self._checkpointer(background=True)
         restoring = continues_from_checkpoint(ckpt, out, self.resume, self.log)

@@ -68,7 +68,7 @@ from rlhp_jax.agents.dqfd import DQfD
 from rlhp_jax.config import IbarzConfig
 from rlhp_jax.core import episode_ends
 from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
-from rlhp_jax.runs import (check_out_directory, continues_from_checkpoint, finished_line, open_run, read_run_config,
+from rlhp_jax.runs import (claimed, continues_from_checkpoint, finished_line, open_run, read_run_config,
                            write_summary)
 from rlhp_jax.ensemble import RewardEnsemble
 from rlhp_jax.envs import make_env
@@ -454,11 +454,16 @@ class IbarzRun:
 
     # ------------------------------------------------------------------ the protocol
     def run(self) -> dict[str, Any]:
+        """The protocol to the end (or on from a checkpoint), holding the run directory against every
+        other process meanwhile (``runs.claimed``); returns the summary."""
+        with claimed(self.cfg.out):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         out = Path(cfg.out)
         from rlhp_jax.checkpoint import Checkpointer
 
-        check_out_directory(out)
         self.ckpt = Checkpointer(out / "checkpoints", keep=cfg.keep_checkpoints)
         self.models = Checkpointer(out / "models", keep=1)
         restoring = continues_from_checkpoint(self.ckpt, out, self.resume, self.log)

@@ -4,15 +4,25 @@ reads a run (``--resume``, demo recording, ``--frozen-reward``, the labeling app
 
 A run directory holds ``config.json`` (written once, at a fresh start), ``checkpoints/`` (orbax,
 :mod:`rlhp_jax.checkpoint`), ``metrics.jsonl`` (one row per iteration or stage), ``tensorboard/``,
-and at the end ``summary.json`` and ``learning_curve.png``.
+and at the end ``summary.json`` and ``learning_curve.png``.  While a run (or a sweep) writes there, it
+holds the directory alone (:func:`claimed`): a second process given the same directory is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
+import os
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: runs go unlocked
+    fcntl = None
 
 from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_json
 from rlhp_jax.config_fields import describe
@@ -57,6 +67,58 @@ def check_out_directory(out, flag: str = "--out") -> None:
                 where = "is a file" if path == out else f"lies below {path}, which is a file"
                 raise ValueError(f"{flag} {out} {where}, not a directory: choose another {flag}.")
             return
+
+
+@contextlib.contextmanager
+def claimed(out, flag: str = "--out") -> Iterator[Path]:
+    """``out`` as this process's run directory while the block runs: refused where it cannot be a
+    directory (:func:`check_out_directory`), made, and locked against every other process (an
+    exclusive ``flock`` on the directory itself, so no lock file is left behind, and the kernel drops
+    it when the process ends, however it ends, SIGKILL included).  Another run, a ``--resume`` or a
+    sweep given the same directory meanwhile is refused in one line instead of writing into it: two
+    writers would interleave one run's checkpoints, metrics and label store with the other's.  A
+    process may claim a directory it holds already (a command claims it before opening the labeling
+    page there, then its driver does).  A file system that cannot lock (some network mounts) leaves
+    the run unlocked, as before."""
+    check_out_directory(out, flag)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(out)
+    with _claims_lock:
+        if key in _claims:  # this process holds it already (the command around the driver): nested, not refused
+            _claims[key][1] += 1
+            fd = None
+        else:
+            fd = _lock_directory(out, flag)
+            _claims[key] = [fd, 1]
+    try:
+        yield out
+    finally:
+        with _claims_lock:
+            _claims[key][1] -= 1
+            if _claims[key][1] == 0:
+                os.close(_claims.pop(key)[0])  # the lock goes with the descriptor
+
+
+_claims: dict[str, list] = {}  # the directories this process holds: real path -> [descriptor, depth]
+_claims_lock = threading.Lock()
+
+
+def _lock_directory(out: Path, flag: str) -> int:
+    """A descriptor of ``out`` holding an exclusive, non-blocking ``flock`` on it (see :func:`claimed`)."""
+    fd = os.open(out, os.O_RDONLY)
+    if fcntl is None:
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            other = "" if flag == "--resume" else f", or choose another {flag}"
+            raise ValueError(f"{out} is in use by another process (a run, a --resume of it or a sweep is writing "
+                             f"there now): wait for it to end{other}.") from None
+        # any other error: this file system has no locks
+    return fd
 
 
 def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str], None]) -> bool:

@@ -497,6 +497,41 @@ def test_entry_points_print_one_line_and_exit_2(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+HOLD = """import sys, time
+from rlhp_jax.runs import claimed
+with claimed(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_directory_in_use_is_refused_until_its_holder_dies(tmp_path, capsys):
+    """Two processes never write one run directory: while another process holds it (a run training
+    there), a run and a sweep given it are refused in one line and write nothing there; once that
+    process is killed (SIGKILL: no clean-up of its own) the directory is free again, and no lock
+    file is left in it."""
+    from experiments import sweep
+    from rlhp_jax.runs import claimed
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = snapshot(tmp_path)
+        assert classic.main(["--env", "CartPole-v1", "--out", str(out), "--no-progress"]) == 2
+        assert "in use by another process" in error_line(capsys.readouterr().err)
+        with pytest.raises(ValueError, match=f"{out} is in use by another process.*choose another --out"):
+            sweep.run(["--env", "CartPole-v1", "--seeds", "1", "--out", str(out), "--no-progress"])
+        assert snapshot(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    with claimed(out):  # the kernel dropped the killed holder's lock
+        with claimed(out):  # and a process may nest its own claims (a command, then its driver)
+            assert list(out.iterdir()) == []
+
+
 @pytest.mark.parametrize("argv, message", [(["--members", "1", "0"], "--members must be at least 1"),
                                            (["--steps", "0"], "--steps must be at least 1"),
                                            (["--repeats", "-2"], "--repeats must be at least 1"),
