@@ -34,18 +34,20 @@ def main(argv=None) -> int:
     p.add_argument("--episodes", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=5000, help="stop after this many steps in all")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--out", required=True, help="demo file to write (.npz)")
+    p.add_argument("--out", required=True, help="demo file to write (.npz); an existing one is refused")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     args = p.parse_args(argv)
     import jax
 
-    from rlhp_jax.demos import DemoError, record_policy
+    from rlhp_jax.demos import DemoError, new_demo_path, record_policy
     from rlhp_jax.demos_cli import save_recording
     from rlhp_jax.envs import make_env
 
     try:
+        out = new_demo_path(args.out, args.overwrite)
         rec = record_policy(make_env(ENV, 1), minatar_tracker, jax.random.PRNGKey(args.seed), episodes=args.episodes,
                             max_steps=args.max_steps, source="tracker")
-        save_recording(rec, args.out)
+        save_recording(rec, out)
         return 0
     except (DemoError, ValueError, OSError) as e:
         return refuse(e)

@@ -264,11 +264,27 @@ class DemoRecorder:
         return save_arrays(path, arrays)
 
 
+def npz_path(path: str | os.PathLike) -> Path:
+    """``path`` as the ``.npz`` file written for it (NumPy's suffix added where it is missing)."""
+    path = Path(path)
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
+def new_demo_path(out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """The demo file a command is about to record into (``--out``; :func:`npz_path`), refused before
+    anything is recorded where it is a directory, or already exists and ``overwrite`` is false: a demo
+    set, perhaps played by a person over an hour, is never replaced by a mistyped ``--out``."""
+    path = npz_path(out)
+    if path.is_dir():
+        raise DemoError(f"{path} is a directory; --out names the demo file to write")
+    if path.exists() and not overwrite:
+        raise DemoError(f"{path} already exists: choose another --out, or pass --overwrite to replace it")
+    return path
+
+
 def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: bool = True) -> Path:
     """Write an ``.npz`` atomically and durably: a temporary file, fsync, rename."""
-    path = Path(path)
-    if path.suffix != ".npz":
-        path = path.with_name(path.name + ".npz")
+    path = npz_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     with open(tmp, "wb") as f:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jax
 
-from rlhp_jax.demos import DemoError, describe, read_demos, record_policy
+from rlhp_jax.demos import DemoError, describe, new_demo_path, read_demos, record_policy
 from rlhp_jax.refusal import refuse
 
 
@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     r.add_argument("--max-steps", type=int, default=100_000, help="stop after this many steps in all")
     r.add_argument("--epsilon", type=float, default=0.01, help="random actions with this probability")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", required=True, help="demo file to write (.npz)")
+    r.add_argument("--out", required=True, help="demo file to write (.npz); an existing one is refused")
+    r.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     i = sub.add_parser("info", help="describe a demo file")
     i.add_argument("file")
     args = p.parse_args(argv)
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
         from rlhp_jax.runs import read_run_config  # the drivers: only to record (info stays light)
         from rlhp_jax.trained import load_policy, run_env
 
+        out = new_demo_path(args.out, args.overwrite)  # before anything is recorded
         run = Path(args.run)
         env = run_env(read_run_config(run), args.env)
         act = load_policy(run, env, args.epsilon)
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
         rec = record_policy(env, act, jax.random.PRNGKey(args.seed), episodes=args.episodes, max_steps=args.max_steps,
                             source=f"policy:{run}", progress=progress)
         bar.close()
-        save_recording(rec, args.out)
+        save_recording(rec, out)
         return 0
     except (DemoError, ValueError, OSError) as e:
         return refuse(e)

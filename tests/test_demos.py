@@ -77,6 +77,13 @@ def test_the_demonstrator_script_records_the_tracker(minatar, tmp_path, capsys):
     assert d.num_steps == 50 and d.meta["source"] == "tracker"
     np.testing.assert_array_equal(d.actions, tracker(d.obs(np.arange(d.num_steps))))
     assert f"demonstrations written to {out}" in capsys.readouterr().out
+    # an existing demo file is never replaced by accident: refused before recording, byte for byte kept
+    before = out.read_bytes()
+    assert minatar_demonstrator.main(["--episodes", "1", "--max-steps", "20", "--out", str(tmp_path / "tracker")]) == 2
+    assert "tracker.npz already exists: choose another --out, or pass --overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert minatar_demonstrator.main(["--episodes", "1", "--max-steps", "20", "--out", str(out), "--overwrite"]) == 0
+    assert D.load_demos(out, minatar).num_steps == 20
 
 
 def test_atari_frames_stored_once_and_observations_rebuilt(pong, pong_demos):
@@ -201,3 +208,10 @@ def test_recording_from_a_christiano_run_checkpoint(minatar, tmp_path, capsys):
     assert d.meta["source"] == f"policy:{run}"
     assert demos_cli.main(["record", "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.npz")]) == 2
     assert "no config.json" in capsys.readouterr().err
+    # recording over a demo set is refused (it could be a person's), unless asked for
+    before = out.read_bytes()
+    assert demos_cli.main(["record", "--run", str(run), "--episodes", "1", "--out", str(out)]) == 2
+    assert "ppo_demos.npz already exists" in capsys.readouterr().err and out.read_bytes() == before
+    assert demos_cli.main(["record", "--run", str(run), "--episodes", "1", "--max-steps", "30", "--out", str(out),
+                           "--overwrite"]) == 0
+    assert D.load_demos(out, minatar).num_episodes == 1

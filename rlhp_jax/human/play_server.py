@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlhp_jax import tasks
+from rlhp_jax.demos import new_demo_path
 from rlhp_jax.human.play import MAX_KEYS, PlayError, PlaySession
 
 _STATIC = Path(__file__).with_name("static")
@@ -149,13 +150,7 @@ def serve_play(args) -> int:
     from rlhp_jax.human.server import ServerThread, check_binding, resolve_token
 
     check_binding(args.host, args.token)
-    out = Path(args.out)
-    if out.suffix != ".npz":
-        out = out.with_name(out.name + ".npz")
-    if out.exists() and not args.overwrite:
-        raise ValueError(f"{out} already exists: choose another --out, or pass --overwrite to replace it")
-    if out.is_dir():
-        raise ValueError(f"{out} is a directory; --out names the demo file to write")
+    out = new_demo_path(args.out, args.overwrite)
     token = resolve_token(args.token)
     session = PlaySession(args.env, out, episodes=args.episodes, full_action_space=args.full_action_space,
                           fps=args.fps, seed=args.seed)
