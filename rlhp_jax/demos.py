@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
+from rlhp_jax.refusal import check_new_file
 
 FORMAT = "rlhp_jax.demos/1"
 
@@ -271,15 +272,10 @@ def npz_path(path: str | os.PathLike) -> Path:
 
 
 def new_demo_path(out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """The demo file a command is about to record into (``--out``; :func:`npz_path`), refused before
-    anything is recorded where it is a directory, or already exists and ``overwrite`` is false: a demo
-    set, perhaps played by a person over an hour, is never replaced by a mistyped ``--out``."""
-    path = npz_path(out)
-    if path.is_dir():
-        raise DemoError(f"{path} is a directory; --out names the demo file to write")
-    if path.exists() and not overwrite:
-        raise DemoError(f"{path} already exists: choose another --out, or pass --overwrite to replace it")
-    return path
+    """The demo file a command is about to record into (``--out``; :func:`npz_path`), checked before
+    anything is recorded (``refusal.check_new_file``): a demo set, perhaps played by a person over an
+    hour, is never replaced by a mistyped ``--out``."""
+    return check_new_file(npz_path(out), overwrite)
 
 
 def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: bool = True) -> Path:

@@ -59,6 +59,13 @@ def test_a_saved_queue_is_labeled_by_every_labeler_without_a_trainer(queue, tmp_
     assert main(["stats", "--file", str(exported)]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["between_labelers"]["ann vs bob"] == {"shared": 3, "agreement": 0.0}
+    # an existing file is never replaced by an export (it may be the only copy of other labels)
+    before = exported.read_bytes()
+    assert main(["export", "--queue", str(queue), "--out", str(exported)]) == 2
+    assert "labels.jsonl already exists: choose another --out, or pass --overwrite" in capsys.readouterr().err
+    assert exported.read_bytes() == before
+    assert main(["export", "--queue", str(queue), "--out", str(exported), "--overwrite"]) == 0
+    assert len(exchange.read_jsonl(exported)) == 24  # every pair this time, answered or not
 
 
 def test_a_labeled_set_trains_a_reward_model_offline(queue, tmp_path):

@@ -3,7 +3,7 @@
   serve   --run DIR            the page for a run's label store (the trainer may be another process)
   label   --queue FILE         label a saved set of pairs, no trainer: every labeler sees every pair
   queue   --env ENV --out DIR  make such a set from a random policy (clips + segments + queue.jsonl)
-  export  --run DIR --out F    pairs and answers to JSONL (segments embedded)
+  export  --run DIR --out F    pairs and answers to JSONL (segments embedded; F must be new, or --overwrite)
   import  --run DIR --file F   JSONL into a store (idempotent; every line checked first, then all or nothing)
   stats   --run DIR | --file F answers per labeler, response times, agreement between labelers and with the oracle
   fit     --file F             train a reward ensemble offline on a labeled set; held-out accuracy
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlhp_jax.refusal import refuse
+from rlhp_jax.refusal import check_new_file, refuse
 
 
 def _store_for(args, create: bool = True) -> "LabelStore":  # noqa: F821
@@ -177,7 +177,8 @@ def main(argv=None) -> int:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--run")
     g.add_argument("--queue")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the JSONL file to write; an existing one is refused")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--labeled-only", action="store_true")
     p = sub.add_parser("import", help="JSONL into a run's store")
     p.add_argument("--run", required=True)
@@ -227,6 +228,7 @@ def main(argv=None) -> int:
             path = make_queue(args.env, args.pairs, args.out, args.seed)
             print(f"{args.pairs} pairs in {path}; label them with: python -m rlhp_jax.human label --queue {path}")
         elif args.cmd == "export":
+            check_new_file(args.out, args.overwrite)  # an earlier export may be the only copy of its labels
             store = _store_for(args, create=False)
             n = exchange.export_jsonl(store, args.out, labeled_only=args.labeled_only)
             print(f"{n} pairs written to {args.out}")
