@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from rlhp_jax.metrics import read_jsonl
+from rlhp_jax.runs import in_use
 
 POLL_S = 1.0  # seconds between checks on running subprocesses
 FINAL_ROWS = 5  # a run's final true return: the mean of its last 5 metrics rows
@@ -177,6 +178,9 @@ def run_state(run: Run, root: Path) -> str:
     directory to move aside first) or ``start``.  Raises :class:`GridError` when the directory
     holds a run of another configuration, naming the directory and each difference."""
     directory = run.directory(root)
+    if in_use(directory):  # resumed or moved aside meanwhile, it would be two writers, or a run under a live one
+        raise GridError(f"{directory} is in use by another process (a run of another grid, or one started by hand, "
+                        "is writing there now): wait for it to end, or use another --root")
     if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
         return "start"
     config = _read_config(directory)

@@ -104,6 +104,21 @@ _claims: dict[str, list] = {}  # the directories this process holds: real path -
 _claims_lock = threading.Lock()
 
 
+def in_use(directory: str | os.PathLike) -> bool:
+    """Whether another process holds ``directory`` (:func:`claimed`) right now: a run, a resume or a
+    sweep is writing there.  False where it is not a directory or the file system has no locks."""
+    if fcntl is None or not Path(directory).is_dir():
+        return False
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)  # a lock just taken goes with it
+    return False
+
+
 def _lock_directory(out: Path, flag: str) -> int:
     """A descriptor of ``out`` holding an exclusive, non-blocking ``flock`` on it (see :func:`claimed`)."""
     fd = os.open(out, os.O_RDONLY)

@@ -8,6 +8,8 @@ summary.json) and finishes at once."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,6 +168,26 @@ def test_incomplete_directory_is_moved_aside_not_deleted(grid):
     assert len(aside) == 1 and (aside[0] / "checkpoints").is_dir()
     assert (broken / "summary.json").exists()
     assert fake.calls[0][:2] == ["--env", "Hopper"]
+
+
+def test_a_run_another_process_is_writing_stops_the_grid_before_any_run(grid, capsys):
+    """Two grids over one root (or a run started by hand in it): the second must neither resume a
+    run the first is training nor move an incomplete one aside under it."""
+    root, argv, fake = grid
+    started = write_run(root, "Hopper", 700, 0, finished=False)
+    hold = ("import sys, time\nfrom rlhp_jax.runs import claimed\nwith claimed(sys.argv[1]):\n"
+            "    print('held', flush=True)\n    time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(started)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 2
+        assert f"{started} is in use by another process" in capsys.readouterr().err
+        assert fake.calls == [] and not (started / "summary.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 0  # free again once its holder is gone
+    assert fake.calls[0] == ["--resume", str(started), "--no-progress"]
 
 
 @pytest.mark.parametrize("changes, key", [({"total_steps": 2 * STEPS}, "total_steps"), ({"labels": 350}, "labels"),
