@@ -97,7 +97,9 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
         with _claims_lock:
             _claims[key][1] -= 1
             if _claims[key][1] == 0:
-                os.close(_claims.pop(key)[0])  # the lock goes with the descriptor
+                fd = _claims.pop(key)[0]
+                if fd is not None:
+                    os.close(fd)  # the lock goes with the descriptor
 
 
 _claims: dict[str, list] = {}  # the directories this process holds: real path -> [descriptor, depth]
@@ -107,7 +109,7 @@ _claims_lock = threading.Lock()
 def in_use(directory: str | os.PathLike) -> bool:
     """Whether another process holds ``directory`` (:func:`claimed`) right now: a run, a resume or a
     sweep is writing there.  False where it is not a directory or the file system has no locks."""
-    if fcntl is None or not Path(directory).is_dir():
+    if fcntl is None or not Path(directory).is_dir() or os.path.realpath(directory) in _claims:  # (ours)
         return False
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -119,11 +121,12 @@ def in_use(directory: str | os.PathLike) -> bool:
     return False
 
 
-def _lock_directory(out: Path, flag: str) -> int:
-    """A descriptor of ``out`` holding an exclusive, non-blocking ``flock`` on it (see :func:`claimed`)."""
-    fd = os.open(out, os.O_RDONLY)
+def _lock_directory(out: Path, flag: str) -> int | None:
+    """A descriptor of ``out`` holding an exclusive, non-blocking ``flock`` on it (see :func:`claimed`),
+    or None where there are no such locks."""
     if fcntl is None:
-        return fd
+        return None
+    fd = os.open(out, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
