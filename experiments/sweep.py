@@ -163,7 +163,11 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
 
         held.enter_context(claimed(out))
         if (out / "summary.json").exists():
-            raise ValueError(f"{out} already holds a sweep; choose another --out.")
+            raise ValueError(f"{out} already holds a finished run or sweep; choose another --out.")
+        if (out / "checkpoints").exists() or "sweep" not in _json_object(out / "config.json", {"sweep": None}):
+            # a killed sweep starts again in its directory; a run's (killed or not) is never written over
+            raise ValueError(f"{out} holds a training run (its config.json or checkpoints), not a sweep: choose "
+                             "another --out.")
         (out / "config.json").write_text(json.dumps(dict(config_to_json(base), sweep=vars(args)), indent=2))
     if args.member_devices > 1:  # members split over devices must be one vmapped computation
         base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))
@@ -235,6 +239,18 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
                   f"run {t['run_s']:.1f} s, {t['lane_steps_per_s']:,.0f} lane·steps/s")
         print(f"wrote {out}/metrics.jsonl, curves.png, summary.json")
     return summary
+
+
+def _json_object(path: Path, missing: dict) -> dict:
+    """The JSON object in ``path``; ``missing`` where there is no such file; {} where it holds
+    anything else (damaged, another format)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return missing
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _source(cfg) -> str:

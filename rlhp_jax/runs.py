@@ -139,6 +139,9 @@ def _lock_directory(out: Path, flag: str) -> int | None:
     return fd
 
 
+RESULT_FILES = ("config.json", "metrics.jsonl", "summary.json")  # what a run or a sweep writes at its top level
+
+
 def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str], None]) -> bool:
     """Whether a run in ``out`` (checkpoints in ``ckpt``) continues from a checkpoint (True) or
     starts from its config (False); shared by both protocols' drivers.
@@ -148,11 +151,15 @@ def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str]
     * ``resume`` of a run stopped before its first checkpoint (``ckpt.unused()``): start it again
       in the same directory from its config.json — same seed, so the same run for the synthetic
       oracle; a human teacher's label store keeps every answer and open pair — and say so.
-    * a fresh start: refused where a run's checkpoints already are (nothing is overwritten)."""
+    * a fresh start: refused where a run's checkpoints already are, or another run's or a sweep's
+      files (``RESULT_FILES``): nothing is overwritten."""
     if ckpt.unused():
         if resume:
             log(f"{out} has no checkpoint yet (the run was stopped before its first one): starting it again from "
                 "its config.json, with the same seed")
+        elif held := [name for name in RESULT_FILES if (Path(out) / name).exists()]:
+            raise ValueError(f"{out} already holds another run's or a sweep's {' and '.join(held)}: choose another "
+                             f"--out (a run stopped before its first checkpoint starts again with --resume {out}).")
         return False
     if resume:
         return True

@@ -532,6 +532,29 @@ def test_a_directory_in_use_is_refused_until_its_holder_dies(tmp_path, capsys):
             assert list(out.iterdir()) == []
 
 
+def test_a_fresh_run_or_sweep_never_writes_over_the_others_files(tmp_path, capsys):
+    """A run started fresh in a sweep's directory would have replaced its config.json and emptied
+    its metrics.jsonl (it had no checkpoints, so nothing refused it), and a sweep in the directory of
+    a run killed mid-way would have done the same to the run: both are refused, every byte kept."""
+    from experiments import sweep
+
+    swept = tmp_path / "sweep"
+    swept.mkdir()
+    (swept / "config.json").write_text(json.dumps({"env": "CartPole-v1", "sweep": {"seeds": 8}}))
+    (swept / "metrics.jsonl").write_text('{"seed": 0, "iteration": 1}\n')
+    (swept / "summary.json").write_text("{}")
+    killed = tmp_path / "run"
+    (killed / "checkpoints").mkdir(parents=True)
+    (killed / "config.json").write_text(json.dumps({"env": "CartPole-v1"}))
+    before = snapshot(tmp_path)
+    assert classic.main(["--env", "CartPole-v1", "--out", str(swept), "--no-progress"]) == 2
+    assert (f"{swept} already holds another run's or a sweep's config.json and metrics.jsonl and summary.json: "
+            "choose another --out") in error_line(capsys.readouterr().err)
+    with pytest.raises(ValueError, match="holds a training run .*, not a sweep: choose another --out"):
+        sweep.run(["--env", "CartPole-v1", "--seeds", "1", "--out", str(killed), "--no-progress"])
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("argv, message", [(["--members", "1", "0"], "--members must be at least 1"),
                                            (["--steps", "0"], "--steps must be at least 1"),
                                            (["--repeats", "-2"], "--repeats must be at least 1"),
