@@ -41,8 +41,15 @@ def read_run_config(run_dir: str | Path):
     path = run_dir / "config.json"
     if not path.is_file():
         raise ValueError(f"{run_dir}: no config.json there (is it a run directory?)")
+    not_runnable = lambda e: ValueError(f"{path} is not a configuration this version can run ({e})")
     try:
         saved = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise not_runnable(e) from None
+    if isinstance(saved, dict) and "sweep" in saved:  # experiments.sweep writes its base config and its flags
+        raise ValueError(f"{run_dir} is a sweep's directory (python -m experiments.sweep), not a run's: a sweep is "
+                         "not resumed or read as a run; run it again with another --out")
+    try:
         protocol = saved.get("protocol", "christiano") if isinstance(saved, dict) else None
         if protocol == "ibarz":
             cfg = ibarz_config_from_json(saved)
@@ -51,8 +58,8 @@ def read_run_config(run_dir: str | Path):
         else:
             raise ValueError(f"unknown protocol {describe(protocol)} (this version runs 'ibarz' and Christiano "
                              "et al.'s, which names none)")
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path} is not a configuration this version can run ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise not_runnable(e) from None
     return dataclasses.replace(cfg, out=str(run_dir))
 
 

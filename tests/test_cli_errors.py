@@ -534,13 +534,15 @@ def test_a_directory_in_use_is_refused_until_its_holder_dies(tmp_path, capsys):
 
 def test_a_fresh_run_or_sweep_never_writes_over_the_others_files(tmp_path, capsys):
     """A run started fresh in a sweep's directory would have replaced its config.json and emptied
-    its metrics.jsonl (it had no checkpoints, so nothing refused it), and a sweep in the directory of
-    a run killed mid-way would have done the same to the run: both are refused, every byte kept."""
+    its metrics.jsonl (it had no checkpoints, so nothing refused it), a sweep in the directory of a
+    run killed mid-way would have done the same to the run, and --resume of a sweep's directory
+    trained a run into it: all three are refused, every byte kept."""
     from experiments import sweep
 
     swept = tmp_path / "sweep"
     swept.mkdir()
-    (swept / "config.json").write_text(json.dumps({"env": "CartPole-v1", "sweep": {"seeds": 8}}))
+    run_fields = config_to_json(RunConfig.paper("CartPole-v1"))  # a sweep's config.json is a run's, and its flags
+    (swept / "config.json").write_text(json.dumps(dict(run_fields, sweep={"seeds": 8})))
     (swept / "metrics.jsonl").write_text('{"seed": 0, "iteration": 1}\n')
     (swept / "summary.json").write_text("{}")
     killed = tmp_path / "run"
@@ -552,6 +554,10 @@ def test_a_fresh_run_or_sweep_never_writes_over_the_others_files(tmp_path, capsy
             "choose another --out") in error_line(capsys.readouterr().err)
     with pytest.raises(ValueError, match="holds a training run .*, not a sweep: choose another --out"):
         sweep.run(["--env", "CartPole-v1", "--seeds", "1", "--out", str(killed), "--no-progress"])
+    # nor is a sweep "resumed" as a run: its config.json holds a run's fields, so --resume trained into it
+    assert classic.main(["--resume", str(swept), "--no-progress"]) == 2
+    assert f"{swept} is a sweep's directory (python -m experiments.sweep), not a run's" in error_line(
+        capsys.readouterr().err)
     assert snapshot(tmp_path) == before
 
 
