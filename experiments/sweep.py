@@ -159,16 +159,18 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
     out = Path(args.out or f"runs/sweep/{base.env}")
     main_process = jax.process_index() == 0
     if main_process:
+        from rlhp_jax.config_fields import SWEEP_KEY, is_sweep_config
         from rlhp_jax.runs import claimed
 
         held.enter_context(claimed(out))
         if (out / "summary.json").exists():
             raise ValueError(f"{out} already holds a finished run or sweep; choose another --out.")
-        if (out / "checkpoints").exists() or "sweep" not in _json_object(out / "config.json", {"sweep": None}):
+        config = _json_object(out / "config.json", {SWEEP_KEY: None})
+        if (out / "checkpoints").exists() or not is_sweep_config(config):
             # a killed sweep starts again in its directory; a run's (killed or not) is never written over
             raise ValueError(f"{out} holds a training run (its config.json or checkpoints), not a sweep: choose "
                              "another --out.")
-        (out / "config.json").write_text(json.dumps(dict(config_to_json(base), sweep=vars(args)), indent=2))
+        (out / "config.json").write_text(json.dumps({**config_to_json(base), SWEEP_KEY: vars(args)}, indent=2))
     if args.member_devices > 1:  # members split over devices must be one vmapped computation
         base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))
     mesh = (lane_mesh(args.devices, envs=args.env_devices, members=args.member_devices)

@@ -160,6 +160,15 @@ def check_ranges(cfg, *, counts=(), positive=(), nonnegative=(), fractions=()) -
                 raise ValueError(f"{name} {requirement}, got {value}")
 
 
+SWEEP_KEY = "sweep"  # experiments.sweep's config.json: its base run config, and the sweep's own flags under this key
+
+
+def is_sweep_config(saved: Any) -> bool:
+    """Whether a ``config.json``'s content is a sweep's (``experiments.sweep``), not a run's: it holds
+    a run's fields too, so every reader of run directories asks this first."""
+    return isinstance(saved, dict) and SWEEP_KEY in saved
+
+
 def dataclass_from_json(cls, values: Any, where: str = ""):
     """``cls`` rebuilt from its ``dataclasses.asdict`` JSON form (what ``config.json`` holds).
 

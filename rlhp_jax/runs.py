@@ -25,7 +25,7 @@ except ImportError:  # not a POSIX system: runs go unlocked
     fcntl = None
 
 from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_json
-from rlhp_jax.config_fields import describe
+from rlhp_jax.config_fields import describe, is_sweep_config
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
 
 
@@ -46,7 +46,7 @@ def read_run_config(run_dir: str | Path):
         saved = json.loads(path.read_bytes().decode("utf-8"))
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise not_runnable(e) from None
-    if isinstance(saved, dict) and "sweep" in saved:  # experiments.sweep writes its base config and its flags
+    if is_sweep_config(saved):
         raise ValueError(f"{run_dir} is a sweep's directory (python -m experiments.sweep), not a run's: a sweep is "
                          "not resumed or read as a run; run it again with another --out")
     try:

@@ -558,6 +558,10 @@ def test_a_fresh_run_or_sweep_never_writes_over_the_others_files(tmp_path, capsy
     assert classic.main(["--resume", str(swept), "--no-progress"]) == 2
     assert f"{swept} is a sweep's directory (python -m experiments.sweep), not a run's" in error_line(
         capsys.readouterr().err)
+    from rlhp_jax.human.__main__ import main as human
+
+    assert human(["stats", "--run", str(swept)]) == 2  # and no label store is made in it
+    assert "is not a run directory" in error_line(capsys.readouterr().err)
     assert snapshot(tmp_path) == before
 
 

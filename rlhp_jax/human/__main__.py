@@ -28,13 +28,14 @@ def _store_for(args, create: bool = True) -> "LabelStore":  # noqa: F821
     belongs, in a run directory (the trainer's ``config.json``) or beside an existing queue
     file; elsewhere an existing store is required and nothing is created.  A file that is not a
     usable store raises :class:`~rlhp_jax.human.store.StoreUnavailable` (a ValueError)."""
+    from rlhp_jax.human.exchange import is_training_run
     from rlhp_jax.human.store import LabelStore
 
     if getattr(args, "run", None):
         run = Path(args.run)
         if not run.is_dir():
             raise ValueError(f"{run}: no such run directory")
-        if not create and not (run / LabelStore.FILENAME).exists() and not (run / "config.json").is_file():
+        if not create and not (run / LabelStore.FILENAME).exists() and not is_training_run(run):
             raise ValueError(f"{run} is not a run directory (no config.json from the trainer, no "
                              f"{LabelStore.FILENAME}); nothing was created")
         return LabelStore(run)
