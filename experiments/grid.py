@@ -213,7 +213,11 @@ def describe_plan(states: dict[Run, str], root: Path) -> str:
 
 
 def move_aside(directory: Path) -> Path:
-    """Rename an incomplete run directory to ``DIR.incomplete-<timestamp>`` (never deletes)."""
+    """Rename an incomplete run directory to ``DIR.incomplete-<timestamp>`` (never deletes); refused
+    (GridError) where another process has begun writing there since the grid was planned."""
+    if in_use(directory):
+        raise GridError(f"{directory} is in use by another process since the grid was planned: not moved "
+                        "aside, not started")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     target = directory.with_name(f"{directory.name}.incomplete-{stamp}")
     n = 1
@@ -272,7 +276,13 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
             while pending and len(active) < jobs:
                 run, state = pending.popleft()
                 if state == "restart":
-                    log(f"moved incomplete {run.directory(root)} aside to {move_aside(run.directory(root))}")
+                    try:
+                        log(f"moved incomplete {run.directory(root)} aside to {move_aside(run.directory(root))}")
+                    except GridError as e:  # another process took it meanwhile: this run fails, the rest go on
+                        failed.append(run)
+                        done += 1
+                        log(f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}: FAILED: {e}")
+                        continue
                 active[run] = (launch(argv_for(run, state, root), run.log_path(root), entry=run.entry),
                                time.monotonic())
             polled = [(run, proc.poll(), start) for run, (proc, start) in active.items()]

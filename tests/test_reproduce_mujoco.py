@@ -190,6 +190,28 @@ def test_a_run_another_process_is_writing_stops_the_grid_before_any_run(grid, ca
     assert fake.calls[0] == ["--resume", str(started), "--no-progress"]
 
 
+def test_an_incomplete_directory_taken_after_planning_is_neither_moved_nor_run(grid, tmp_path):
+    """A grid reaches an incomplete run directory hours after planning it; if another process has
+    begun writing there meanwhile, moving it aside would pull it from under that run."""
+    root, argv, fake = grid
+    broken = mg.run_dir(root, "Hopper", 700, 0, STEPS)
+    (broken / "checkpoints").mkdir(parents=True)
+    hold = ("import sys, time\nfrom rlhp_jax.runs import claimed\nwith claimed(sys.argv[1]):\n"
+            "    print('held', flush=True)\n    time.sleep(600)\n")
+    run = mg.Run("Hopper", 700, 0, STEPS)
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(broken)], stdout=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        failed = mg.execute([(run, "restart")], root, jobs=1, log=lines.append)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert failed == [run] and fake.calls == [] and broken.is_dir()
+    assert not [p for p in root.iterdir() if ".incomplete-" in p.name]
+    assert "in use by another process since the grid was planned" in lines[0]
+
+
 @pytest.mark.parametrize("changes, key", [({"total_steps": 2 * STEPS}, "total_steps"), ({"labels": 350}, "labels"),
                                           ({"seed": 7}, "seed"), ({"env": "Walker2d"}, "env"),
                                           ({"reward_source": "true"}, "reward_source"),
