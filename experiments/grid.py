@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
-import json
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from rlhp_jax.metrics import read_jsonl
-from rlhp_jax.runs import in_use
+from rlhp_jax.runs import config_object, in_use
 
 POLL_S = 1.0  # seconds between checks on running subprocesses
 FINAL_ROWS = 5  # a run's final true return: the mean of its last 5 metrics rows
@@ -163,16 +162,6 @@ def _differences(name: str, have, want) -> list[str]:
     return [f"{name} is {_short(have)}, asked for {_short(want)}"]
 
 
-def _read_config(directory: Path) -> dict | None:
-    """``config.json`` as a dict, or None when it is missing or not a JSON object (a run killed
-    while writing it)."""
-    try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
 def run_state(run: Run, root: Path) -> str:
     """What to do with a run: ``finished`` (skip), ``resume``, ``restart`` (an incomplete
     directory to move aside first) or ``start``.  Raises :class:`GridError` when the directory
@@ -183,7 +172,7 @@ def run_state(run: Run, root: Path) -> str:
                         "is writing there now): wait for it to end, or use another --root")
     if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
         return "start"
-    config = _read_config(directory)
+    config = config_object(directory)
     finished = (directory / "summary.json").exists()
     if config is None:
         if finished:

@@ -160,13 +160,13 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
     main_process = jax.process_index() == 0
     if main_process:
         from rlhp_jax.config_fields import SWEEP_KEY, is_sweep_config
-        from rlhp_jax.runs import claimed
+        from rlhp_jax.runs import claimed, config_object
 
         held.enter_context(claimed(out))
         if (out / "summary.json").exists():
             raise ValueError(f"{out} already holds a finished run or sweep; choose another --out.")
-        config = _json_object(out / "config.json", {SWEEP_KEY: None})
-        if (out / "checkpoints").exists() or not is_sweep_config(config):
+        not_a_sweep = (out / "config.json").exists() and not is_sweep_config(config_object(out))
+        if (out / "checkpoints").exists() or not_a_sweep:
             # a killed sweep starts again in its directory; a run's (killed or not) is never written over
             raise ValueError(f"{out} holds a training run (its config.json or checkpoints), not a sweep: choose "
                              "another --out.")
@@ -241,18 +241,6 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
                   f"run {t['run_s']:.1f} s, {t['lane_steps_per_s']:,.0f} lane·steps/s")
         print(f"wrote {out}/metrics.jsonl, curves.png, summary.json")
     return summary
-
-
-def _json_object(path: Path, missing: dict) -> dict:
-    """The JSON object in ``path``; ``missing`` where there is no such file; {} where it holds
-    anything else (damaged, another format)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return missing
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _source(cfg) -> str:

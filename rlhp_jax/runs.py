@@ -63,6 +63,17 @@ def read_run_config(run_dir: str | Path):
     return dataclasses.replace(cfg, out=str(run_dir))
 
 
+def config_object(directory: str | Path) -> dict | None:
+    """``directory``'s ``config.json`` as a plain JSON object, unchecked, or None where it is missing
+    or is not one (a run killed while writing it, a damaged file): for tools that only look at what
+    a directory holds (a grid's plan, a sweep's output directory)."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def check_out_directory(out, flag: str = "--out") -> None:
     """Refuses an output path that cannot become a directory: an existing file, or a path below
     one (``--out /etc/passwd``), naming the path in the way and the ``flag`` that gave it, instead
@@ -96,7 +107,12 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
             _claims[key][1] += 1
             fd = None
         else:
-            fd = _lock_directory(out, flag)
+            try:
+                fd = _flock(out)
+            except _Held:
+                other = "" if flag == "--resume" else f", or choose another {flag}"
+                raise ValueError(f"{out} is in use by another process (a run, a --resume of it or a sweep is "
+                                 f"writing there now): wait for it to end{other}.") from None
             _claims[key] = [fd, 1]
     try:
         yield out
@@ -116,33 +132,34 @@ _claims_lock = threading.Lock()
 def in_use(directory: str | os.PathLike) -> bool:
     """Whether another process holds ``directory`` (:func:`claimed`) right now: a run, a resume or a
     sweep is writing there.  False where it is not a directory or the file system has no locks."""
-    if fcntl is None or not Path(directory).is_dir() or os.path.realpath(directory) in _claims:  # (ours)
+    if not Path(directory).is_dir() or os.path.realpath(directory) in _claims:  # (ours)
         return False
-    fd = os.open(directory, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    finally:
+        fd = _flock(directory)
+    except _Held:
+        return True
+    if fd is not None:
         os.close(fd)  # a lock just taken goes with it
     return False
 
 
-def _lock_directory(out: Path, flag: str) -> int | None:
-    """A descriptor of ``out`` holding an exclusive, non-blocking ``flock`` on it (see :func:`claimed`),
-    or None where there are no such locks."""
+class _Held(Exception):
+    """Another process holds the directory's lock."""
+
+
+def _flock(directory) -> int | None:
+    """A descriptor of ``directory`` holding an exclusive, non-blocking ``flock`` on it, or None where
+    there are no such locks (no ``fcntl``; a file system without them leaves the descriptor
+    unlocked); raises :class:`_Held` where another process holds it."""
     if fcntl is None:
         return None
-    fd = os.open(out, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             os.close(fd)
-            other = "" if flag == "--resume" else f", or choose another {flag}"
-            raise ValueError(f"{out} is in use by another process (a run, a --resume of it or a sweep is writing "
-                             f"there now): wait for it to end{other}.") from None
-        # any other error: this file system has no locks
+            raise _Held from None
     return fd
 
 
