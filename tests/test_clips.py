@@ -497,3 +497,20 @@ def test_cli_bad_input_exits_2(tmp_path, capsys, argv, match):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and match in err
     assert os.listdir(tmp_path) == []
+
+
+def test_cli_never_replaces_an_existing_file_unless_overwrite(tmp_path, capsys):
+    """A clip someone kept is not replaced by a mistyped --out: refused before any rendering,
+    every byte kept; --overwrite replaces it (the same 12 steps at 64 px as the CartPole case above)."""
+    out = tmp_path / "kept.mp4"
+    out.write_bytes(b"someone's clip")
+    argv = ["--env", "CartPole-v1", "--steps", "12", "--size", "64", "--out", str(out)]
+    assert render_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "already exists" in err and "--overwrite" in err
+    assert out.read_bytes() == b"someone's clip"
+    assert render_main(argv + ["--overwrite"]) == 0
+    assert video.probe_mp4(out)["frames"] == 12
+    (tmp_path / "d.mp4").mkdir()
+    assert render_main(["--env", "CartPole-v1", "--out", str(tmp_path / "d.mp4")]) == 2
+    assert "is a directory" in capsys.readouterr().err

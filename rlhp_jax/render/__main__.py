@@ -4,7 +4,8 @@
 through the project's environment wrapper (``envs.make_env``: the papers' settings, masked
 Atari frames) and writes a clip of the state after each step, drawn by the ``render`` modules
 (MuJoCo ``render.mujoco``, Atari ``render.atari``, gymnax's classic-control and MinAtar tasks
-``render.classic``) and encoded by ``render.video``.  ``--env`` takes every task
+``render.classic``) and encoded by ``render.video``; an existing ``--out`` is refused unless
+``--overwrite``.  ``--env`` takes every task
 ``envs.make_env`` takes, in every spelling ``tasks.resolve`` accepts.  It prints how long
 rendering and encoding took.
 """
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlhp_jax import tasks
-from rlhp_jax.refusal import refuse
+from rlhp_jax.refusal import check_new_file, refuse
 from rlhp_jax.render.atari import NATIVE_SCALE, NativeFrames, atari_clip_frames, atari_native_clip_frames
 from rlhp_jax.render.classic import MIN_CLIP_SIZE, classic_clip_frames
 from rlhp_jax.render.mujoco import MujocoRenderer, reconstruct_state
@@ -84,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "task (CartPole-v1, Breakout-MinAtar, ...)")
     parser.add_argument("--steps", type=int, default=60,
                         help="frames in the clip: the state after each of `steps` random actions")
-    parser.add_argument("--out", required=True, help="output .mp4 path")
+    parser.add_argument("--out", required=True, help="output .mp4 path (an existing file is refused)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fps", type=float, default=None,
                         help="default: real time (MuJoCo 1/(timestep·frame_skip), Atari 15, "
@@ -108,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError("--every, --size and --scale must be positive")
         if not args.out.lower().endswith(".mp4"):
             raise _UsageError(f"--out must end in .mp4, got {args.out!r}")
+        check_new_file(args.out, args.overwrite)  # a clip someone kept is not replaced by a typo
         resolved = tasks.find(args.env)
         if resolved is None:
             raise _UsageError(_unknown_env_message(args.env))
@@ -121,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.size < MIN_CLIP_SIZE or args.size % 2:
                 raise _UsageError(f"--size for {name} must be an even number >= {MIN_CLIP_SIZE}, "
                                   f"got {args.size}")
-    except _UsageError as exc:
+    except (_UsageError, ValueError) as exc:
         return refuse(exc)
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
