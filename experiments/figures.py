@@ -28,6 +28,7 @@ import numpy as np
 from experiments import grid as grid_lib
 from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
                               run_dir, run_metrics, steps_label)
+from rlhp_jax.files import write_atomic
 from rlhp_jax.refusal import refuse
 from rlhp_jax.runs import check_out_directory
 
@@ -214,8 +215,7 @@ class Figure:
     def write_results_section(self, results_md_path, markdown: str) -> None:
         """Put ``markdown`` between the table markers of ``results_md_path``, leaving everything
         outside them as it was; without markers, append a new section holding them.  Written
-        atomically (a temporary file in the same directory, then ``os.replace``) so a crash never
-        leaves it half written."""
+        atomically (``files.write_atomic``) so a crash never leaves it half written."""
         begin_mark, end_mark = self.table_begin, self.table_end
         path = Path(results_md_path)
         text = path.read_text(encoding="utf-8") if path.exists() else ""
@@ -230,16 +230,7 @@ class Figure:
         else:
             new = text[:begin] + block + text[end + len(end_mark):]
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(new)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, new)
 
     # ------------------------------------------------------------------ figures
     def seed_curves(self, root: Path, task: str, labels: int | None, seeds,

@@ -81,6 +81,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlhp_jax.files import fsync_dir, write_atomic
+
 # The name orbax gives a step directory while it is being written (orbax-checkpoint 0.12's
 # ``TMP_DIR_SUFFIX``; tests/test_checkpoint.py checks it against the installed orbax).  A constant,
 # not read from orbax: importing orbax (~0.3-0.7 s, with tensorstore and scipy) is left to the
@@ -242,14 +244,6 @@ def _json_default(x):
     raise TypeError(f"{type(x).__name__} is not JSON serializable")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _crc_file(path: Path, fsync: bool = False) -> tuple[int, int]:
     crc, size = 0, 0
     with open(path, "rb") as f:
@@ -273,22 +267,12 @@ def _sync_and_checksum(step_dir: Path) -> dict[str, list[int]]:
                 continue
             files[p.relative_to(step_dir).as_posix()] = list(_crc_file(p, fsync=True))
     for d in reversed(dirs):
-        _fsync_dir(d)
+        fsync_dir(d)
     return files
 
 
 def _record_crc(body: dict) -> int:
     return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _is_step_name(name: str) -> bool:
@@ -455,10 +439,10 @@ class Checkpointer:
             raise CheckpointError(f"orbax did not write step {step} to {step_dir}")
 
         files = _sync_and_checksum(step_dir)
-        _fsync_dir(self.directory)  # persists orbax's rename of the temporary directory
+        fsync_dir(self.directory)  # persists orbax's rename of the temporary directory
         body = {"format": FORMAT_VERSION, "step": step, "time": time.time(), "leaves": specs,
                 "names": names, "files": files}
-        _atomic_write(step_dir / COMMIT_FILE, json.dumps({"body": body, "crc32": _record_crc(body)}))
+        write_atomic(step_dir / COMMIT_FILE, json.dumps({"body": body, "crc32": _record_crc(body)}))
         self._prune()
         return step_dir
 
@@ -475,8 +459,8 @@ class Checkpointer:
                     "written by rlhp_jax.checkpoint (no RLHP_CHECKPOINTS file); refusing to save there, "
                     "since interrupted saves would be cleaned up. Use another directory.")
             self.directory.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(self.directory.parent)
-            _atomic_write(marker, f"rlhp_jax checkpoints, format {FORMAT_VERSION}\n")
+            fsync_dir(self.directory.parent)
+            write_atomic(marker, f"rlhp_jax checkpoints, format {FORMAT_VERSION}\n")
         for p in list(self.directory.iterdir()):
             if p.name.startswith(TRASH_PREFIX):
                 shutil.rmtree(p, ignore_errors=True)
@@ -490,7 +474,7 @@ class Checkpointer:
         """Deletes a step directory so that no kill can leave it half-deleted under its own name."""
         trash = self.directory / f"{TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
         os.replace(path, trash)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         shutil.rmtree(trash, ignore_errors=True)
 
     def _prune(self) -> None:

@@ -57,6 +57,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlhp_jax.files import write_atomic
+
 ENV = "RLHP_JAX_COMPILE_CACHE"
 OFF = ("", "0", "off", "none", "false", "no")
 MAX_BYTES = 2 << 30  # 2 GiB
@@ -590,10 +592,7 @@ def _store(path: Path, blob: bytes) -> None:
     """Write ``blob`` whole or not at all (a temporary file renamed into place), so a reader never
     meets half an entry; a failed write (a full disk, a directory removed meanwhile) leaves the run
     as it was.  No fsync: an entry lost to a crash costs one lowering, never a wrong program."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        temporary.write_bytes(blob)
-        os.replace(temporary, path)
+        write_atomic(path, blob, durable=False)
     except OSError as e:
         _log.debug("not stored %s: %s", path, e)
-        temporary.unlink(missing_ok=True)

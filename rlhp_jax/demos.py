@@ -40,7 +40,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -50,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhp_jax import labels as labels_lib
+from rlhp_jax.files import write_atomic
 from rlhp_jax.refusal import check_new_file
 
 FORMAT = "rlhp_jax.demos/1"
@@ -279,16 +279,10 @@ def new_demo_path(out: str | os.PathLike, overwrite: bool = False) -> Path:
 
 
 def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: bool = True) -> Path:
-    """Write an ``.npz`` atomically and durably: a temporary file, fsync, rename."""
+    """Write an ``.npz`` atomically and durably (``files.write_atomic``)."""
     path = npz_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "wb") as f:
-        (np.savez_compressed if compressed else np.savez)(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, lambda f: (np.savez_compressed if compressed else np.savez)(f, **arrays))
 
 
 # ---------------------------------------------------------------------------- reading

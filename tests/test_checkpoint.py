@@ -375,14 +375,14 @@ elif mode == "after_orbax":  # orbax renamed the step directory; no commit recor
         return orig_sync(step_dir)
     ckpt._sync_and_checksum = sync
 elif mode == "during_commit":  # half of the commit record written to its temporary file
-    orig_write = ckpt._atomic_write
+    orig_write = ckpt.write_atomic
     def write(path, text):
         if current[0] == kill_step and path.name == ckpt.COMMIT_FILE:
             with open(path.with_name(".half.tmp"), "w") as f:
                 f.write(text[: len(text) // 2])
             die()
         return orig_write(path, text)
-    ckpt._atomic_write = write
+    ckpt.write_atomic = write
 elif mode == "during_prune":  # an old step renamed to trash and half deleted
     orig_rmtree = shutil.rmtree
     def rmtree(path, *a, **k):

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # docs/DESIGN.md's layer table (module -> layer); experiments are layer 7
 LAYERS = {
-    "rlhp_jax": 7, "rlhp_jax.core": 0, "rlhp_jax.tasks": 0, "rlhp_jax.compile_cache": 0, "rlhp_jax.deferred": 0, "rlhp_jax.refusal": 0, "rlhp_jax.preferences": 1, "rlhp_jax.config_fields": 1,
+    "rlhp_jax": 7, "rlhp_jax.core": 0, "rlhp_jax.tasks": 0, "rlhp_jax.compile_cache": 0, "rlhp_jax.deferred": 0, "rlhp_jax.refusal": 0, "rlhp_jax.files": 0, "rlhp_jax.preferences": 1, "rlhp_jax.config_fields": 1,
     "rlhp_jax.labels": 1, "rlhp_jax.rollout": 1,
     "rlhp_jax.reward_models": 2, "rlhp_jax.ensemble": 2, "rlhp_jax.agents": 2, "rlhp_jax.agents.common": 2,
     "rlhp_jax.agents.ppo": 2, "rlhp_jax.agents.a2c": 2, "rlhp_jax.agents.trpo": 2, "rlhp_jax.agents.dqfd": 2,

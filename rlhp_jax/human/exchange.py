@@ -46,6 +46,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import sqlite3
 import stat
 from pathlib import Path
@@ -54,6 +55,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 import numpy as np
 
 from rlhp_jax.config_fields import is_sweep_config
+from rlhp_jax.files import write_atomic
 from rlhp_jax.human.store import (CHOICES, MU, LabelStore, StoreError, UnknownQuery, check_labeler,
                                   check_query_id)
 from rlhp_jax.human.teacher import TRAIN_KEYS, check_pair, read_segments
@@ -104,7 +106,7 @@ def export_jsonl(store: LabelStore, path: str | os.PathLike, labeled_only: bool 
             f.write((json.dumps(line) + "\n").encode("utf-8"))
             n += 1
 
-    _write_atomic(path, write)
+    write_atomic(path, write)
     return n
 
 
@@ -116,7 +118,7 @@ def _in_folder(folder: Path, rel: str, copy: Path) -> str:
         return rel
     copy.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as f:
-        _write_atomic(copy, f)
+        write_atomic(copy, lambda out: shutil.copyfileobj(f, out, 1 << 20))
     return copy.relative_to(folder).as_posix()
 
 
@@ -445,12 +447,12 @@ def _place_files(store: LabelStore, source: Path, p: CheckedPair, written: list[
             continue
         dst = _new_file(store.root / "clips" / "imported", f"{p.id}-{side}", ".mp4", written)
         with _at(source, p.line), _open_clip(src, f"{side}_clip", str(src)) as f:
-            _write_atomic(dst, f)
+            write_atomic(dst, lambda out: shutil.copyfileobj(f, out, 1 << 20))
         clips.append(dst)
     seg = None
     if p.segments is not None:
         seg = _new_file(store.root / "segments", p.id, ".npz", written)
-        _write_atomic(seg, io.BytesIO(p.segments))
+        write_atomic(seg, p.segments)
     return clips[0], clips[1], seg
 
 
@@ -465,25 +467,6 @@ def _new_file(folder: Path, stem: str, suffix: str, written: list[Path]) -> Path
         path = folder / f"{stem}-{secrets.token_hex(3)}{suffix}"
     written.append(path)
     return path
-
-
-def _write_atomic(dst: Path, write: Callable[[IO[bytes]], None] | IO[bytes]) -> None:
-    """Write ``dst`` through a temporary file, synced, then renamed into place: ``write`` is a
-    function that writes the open file, or a binary stream to copy."""
-    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            if callable(write):
-                write(f)
-            else:
-                for chunk in iter(lambda: write.read(1 << 20), b""):
-                    f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _insert(store: LabelStore, pairs: Iterable[CheckedPair], placed: dict, wanted: int | None) -> dict[str, int]:
