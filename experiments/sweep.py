@@ -151,6 +151,7 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
     from rlhp_jax.distributed import gather, lane_mesh
     from rlhp_jax.config import config_to_json
     from rlhp_jax.metrics import MetricsWriter, plot_sweep
+    from rlhp_jax.files import write_atomic
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
@@ -160,7 +161,7 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
     main_process = jax.process_index() == 0
     if main_process:
         from rlhp_jax.config_fields import SWEEP_KEY, is_sweep_config
-        from rlhp_jax.runs import claimed, config_object
+        from rlhp_jax.runs import claimed, config_object, write_summary
 
         held.enter_context(claimed(out))
         if (out / "summary.json").exists():
@@ -170,7 +171,7 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
             # a killed sweep starts again in its directory; a run's (killed or not) is never written over
             raise ValueError(f"{out} holds a training run (its config.json or checkpoints), not a sweep: choose "
                              "another --out.")
-        (out / "config.json").write_text(json.dumps({**config_to_json(base), SWEEP_KEY: vars(args)}, indent=2))
+        write_atomic(out / "config.json", json.dumps({**config_to_json(base), SWEEP_KEY: vars(args)}, indent=2))
     if args.member_devices > 1:  # members split over devices must be one vmapped computation
         base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))
     mesh = (lane_mesh(args.devices, envs=args.env_devices, members=args.member_devices)
@@ -228,7 +229,7 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
         writer.close()
         plot_sweep(groups, env_steps, out / "curves.png",
                    title=f"{base.env} — {base.agent.upper()} {_source(base)}, {args.seeds} seeds per setting")
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_summary(out, summary)
         for r in summary_rows:
             name = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "config"
             seeds = f"{r['seeds']} seed" + "s" * (r["seeds"] != 1)

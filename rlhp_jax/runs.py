@@ -26,6 +26,7 @@ except ImportError:  # not a POSIX system: runs go unlocked
 
 from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_json
 from rlhp_jax.config_fields import describe, is_sweep_config
+from rlhp_jax.files import write_atomic
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
 
 
@@ -212,16 +213,16 @@ def open_run(out: Path, cfg, *, restoring: bool, resume: bool, keep_row: Callabl
     if restoring:
         path = out / "metrics.jsonl"
         rows = [r for r in read_jsonl(path) if keep_row(r)] if path.exists() else []
-        with open(path, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        # whole or not at all: a kill here must not cut the rows the checkpoint covers
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     else:
         out.mkdir(parents=True, exist_ok=True)
         if not resume:
-            (out / "config.json").write_text(json.dumps(config_to_json(cfg), indent=2))
+            write_atomic(out / "config.json", json.dumps(config_to_json(cfg), indent=2))
     return MetricsWriter(out / "metrics.jsonl", append=restoring), TensorBoardWriter(out / "tensorboard",
                                                                                       purge_step=purge_step)
 
 
 def write_summary(out: Path, summary: dict) -> None:
     """``summary.json``: what the run ended with (its presence marks the run finished)."""
-    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(Path(out) / "summary.json", json.dumps(summary, indent=2))

@@ -1,0 +1,81 @@
+"""rlhp_jax.files: a file is written whole or not at all; a run's files stay whole across a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rlhp_jax import runs
+from rlhp_jax.files import write_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("content, expected", [(b"\x00bytes\xff", b"\x00bytes\xff"), ("text é", "text é".encode()),
+                                               (lambda f: f.write(b"by a writer"), b"by a writer")],
+                         ids=["bytes", "text", "writer"])
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_new_content_replaces_the_old_and_nothing_else_is_left(tmp_path, content, expected, durable):
+    path = tmp_path / "f.json"
+    path.write_bytes(b"old")
+    assert write_atomic(path, content, durable=durable) == path
+    assert path.read_bytes() == expected
+    assert os.listdir(tmp_path) == ["f.json"]
+
+
+def test_a_writer_that_fails_half_way_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("row 1\nrow 2\n")
+
+    def half(f):
+        f.write(b"row 1\n")
+        raise OSError("no space left on device")
+
+    with pytest.raises(OSError, match="no space"):
+        write_atomic(path, half)
+    assert path.read_text() == "row 1\nrow 2\n" and os.listdir(tmp_path) == ["metrics.jsonl"]
+
+
+def test_a_kill_while_a_resume_cuts_metrics_back_loses_no_row(tmp_path):
+    """A resume rewrites metrics.jsonl with the rows its checkpoint covers (``runs.open_run``).  It
+    used to open the file for writing and then write the rows: a SIGKILL between the two (here: the
+    child stops itself once the file is open for writing) left it empty, and the rows of every
+    iteration before the checkpoint, which a resume does not compute again, were gone."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [dict(iteration=i, eval_return=float(i)) for i in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    child = textwrap.dedent(f"""
+        import builtins, io, os, signal, sys
+        from pathlib import Path
+        from rlhp_jax import runs
+
+        opened = builtins.open
+        def open_then_die(file, mode="r", *args, **kwargs):
+            f = opened(file, mode, *args, **kwargs)
+            if "w" in mode and Path(file).name.startswith((".metrics.jsonl", "metrics.jsonl")):
+                os.kill(os.getpid(), signal.SIGKILL)  # killed with the file open for writing, nothing written
+            return f
+        builtins.open = open_then_die
+        io.open = open_then_die
+        runs.open_run(Path({str(run)!r}), None, restoring=True, resume=True,
+                      keep_row=lambda r: r["iteration"] <= 3, purge_step=4)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    kept = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert kept == rows  # all five: the cut had not happened yet, and nothing was lost
+    # the same call, not killed, keeps exactly the rows the checkpoint covers
+    writer, board = runs.open_run(run, None, restoring=True, resume=True, keep_row=lambda r: r["iteration"] <= 3,
+                                  purge_step=4)
+    writer.close()
+    board.close()
+    assert [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] == rows[:3]
