@@ -124,7 +124,7 @@ def _one_line(e: BaseException) -> str:
 
 def write_clips(env: str, pair: dict[str, np.ndarray], left: Path, right: Path,
                 render_fields: Sequence[str] = ()) -> None:
-    """Render and encode the two clips of a pair (segment 0 on the left)."""
+    """Render and encode the two clips of a pair (segment 0 on the left), each whole or not at all."""
     from rlhp_jax.render import segment_frames
     from rlhp_jax.render.video import encode_mp4
 
@@ -132,9 +132,7 @@ def write_clips(env: str, pair: dict[str, np.ndarray], left: Path, right: Path,
         render = pair["render"][side] if "render" in pair else None
         rgb = pair["rgb"][side] if "rgb" in pair else None  # Atari: native colour frames (HumanTeacher.queue)
         frames, fps = segment_frames(env, pair["obs"][side], render, render_fields, rgb=rgb)
-        tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp.mp4")
-        encode_mp4(frames, tmp, fps)
-        os.replace(tmp, path)
+        encode_mp4(frames, path, fps)  # whole or not at all: ffmpeg writes a temporary file, renamed into place
 
 
 class HumanTeacher:
