@@ -5,7 +5,8 @@ either: the content goes to a temporary file beside the target (a dot-name endin
 which is flushed, fsynced and renamed over the target.  ``durable`` (the default) also fsyncs the
 directory, so the rename itself survives a power cut; a cache entry, which a crash may lose at the
 price of recomputing it, skips both fsyncs.  A failed write (a full disk, an exception in the
-writer) removes the temporary file and leaves the target as it was.
+writer) removes the temporary file and leaves the target as it was.  (``render.video.encode_mp4``
+keeps the same rule where ffmpeg, not Python, writes the temporary file.)
 """
 
 from __future__ import annotations
