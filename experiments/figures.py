@@ -60,13 +60,17 @@ def cell(finals: list[float]) -> str:
 
 def difference(larger: list[float], target: list[float]) -> str:
     """``mean(larger) − mean(target)`` signed, with its standard error √(s₁²/n₁ + s₂²/n₂) (each
-    arm's sample std) when both arms have two seeds or more; to :func:`cell`'s precision."""
+    arm's sample std) when both arms have two seeds or more; to :func:`cell`'s precision, or finer
+    (up to 3 decimals) where that would print a difference or an error that is not zero as 0: at a
+    task's ceiling the two budgets differ by hundredths, and "-0.0 ± 0.0" hides which way."""
     d = float(np.mean(larger)) - float(np.mean(target))
+    se = (float(np.sqrt(np.var(larger, ddof=1) / len(larger) + np.var(target, ddof=1) / len(target)))
+          if min(len(larger), len(target)) >= 2 else None)
     digits = _digits(float(np.mean(target)))
-    if min(len(larger), len(target)) < 2:
-        return f"{d:+.{digits}f}"
-    se = float(np.sqrt(np.var(larger, ddof=1) / len(larger) + np.var(target, ddof=1) / len(target)))
-    return f"{d:+.{digits}f} ± {se:.{digits}f}"
+    smallest = min((abs(x) for x in (d, se or 0.0) if x != 0.0), default=None)
+    if smallest is not None and round(smallest, digits) == 0:
+        digits = min(3, max(digits, -math.floor(math.log10(smallest))))
+    return f"{d:+.{digits}f}" if se is None else f"{d:+.{digits}f} ± {se:.{digits}f}"
 
 
 def _seeds_note(counts: list[int]) -> str:

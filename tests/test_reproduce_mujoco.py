@@ -410,6 +410,9 @@ def test_the_budgets_difference_carries_its_standard_error():
     assert difference([110.0, 130.0], [100.0, 100.0]) == "+20 ± 10"  # √(200/2 + 0/2), sample variances
     assert difference([1.0, 2.0, 3.0], [2.5, 3.5]) == "-1.0 ± 0.8"  # √(1/3 + 0.5/2) = 0.76, to 1 decimal
     assert difference([3.0], [1.0, 2.0]) == "+1.5"  # one seed has no spread to speak of
+    # at a task's ceiling (InvertedPendulum, 25.0) one decimal would print "-0.0 ± 0.0"
+    assert difference([25.0, 25.0, 25.0, 24.87, 25.0], [25.0] * 5) == "-0.03 ± 0.03"
+    assert difference([25.0] * 5, [25.0] * 5) == "+0.0 ± 0.0"  # nothing finer to show
 
 
 def test_grid_writes_figures_and_the_results_section(grid):
