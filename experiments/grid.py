@@ -21,7 +21,8 @@ from typing import Callable
 import numpy as np
 
 from rlhp_jax.metrics import read_jsonl
-from rlhp_jax.runs import config_object, in_use
+from rlhp_jax.config_fields import config_object
+from rlhp_jax.runs import in_use
 
 POLL_S = 1.0  # seconds between checks on running subprocesses
 FINAL_ROWS = 5  # a run's final true return: the mean of its last 5 metrics rows

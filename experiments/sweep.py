@@ -160,8 +160,8 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
     out = Path(args.out or f"runs/sweep/{base.env}")
     main_process = jax.process_index() == 0
     if main_process:
-        from rlhp_jax.config_fields import SWEEP_KEY, is_sweep_config
-        from rlhp_jax.runs import claimed, config_object, write_summary
+        from rlhp_jax.config_fields import SWEEP_KEY, config_object, is_sweep_config
+        from rlhp_jax.runs import claimed, write_summary
 
         held.enter_context(claimed(out))
         if (out / "summary.json").exists():

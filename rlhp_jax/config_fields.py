@@ -45,11 +45,13 @@ import dataclasses
 import functools
 import inspect
 import io
+import json
 import math
 import textwrap
 import tokenize
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -167,6 +169,17 @@ def is_sweep_config(saved: Any) -> bool:
     """Whether a ``config.json``'s content is a sweep's (``experiments.sweep``), not a run's: it holds
     a run's fields too, so every reader of run directories asks this first."""
     return isinstance(saved, dict) and SWEEP_KEY in saved
+
+
+def config_object(directory) -> dict | None:
+    """``directory``'s ``config.json`` as a plain JSON object, unchecked, or None where it is missing
+    or is not one (a run killed while writing it, a damaged file): for tools that only look at what
+    a directory holds (a grid's plan, a sweep's output directory, the labeling tools)."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def dataclass_from_json(cls, values: Any, where: str = ""):

@@ -64,17 +64,6 @@ def read_run_config(run_dir: str | Path):
     return dataclasses.replace(cfg, out=str(run_dir))
 
 
-def config_object(directory: str | Path) -> dict | None:
-    """``directory``'s ``config.json`` as a plain JSON object, unchecked, or None where it is missing
-    or is not one (a run killed while writing it, a damaged file): for tools that only look at what
-    a directory holds (a grid's plan, a sweep's output directory)."""
-    try:
-        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
 def check_out_directory(out, flag: str = "--out") -> None:
     """Refuses an output path that cannot become a directory: an existing file, or a path below
     one (``--out /etc/passwd``), naming the path in the way and the ``flag`` that gave it, instead

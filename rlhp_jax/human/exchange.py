@@ -54,7 +54,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from rlhp_jax.config_fields import is_sweep_config
+from rlhp_jax.config_fields import config_object, is_sweep_config
 from rlhp_jax.files import write_atomic
 from rlhp_jax.human.store import (CHOICES, MU, LabelStore, StoreError, UnknownQuery, check_labeler,
                                   check_query_id)
@@ -311,13 +311,7 @@ class CheckedSet:
 def is_training_run(directory: str | os.PathLike) -> bool:
     """Whether ``directory`` holds a training run (the trainer's ``config.json``; a sweep's is not
     one).  A ``config.json`` that cannot be read counts: what reads the run then says what is wrong."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        return False
-    try:
-        return not is_sweep_config(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, RecursionError):
-        return True
+    return (Path(directory) / "config.json").is_file() and not is_sweep_config(config_object(directory))
 
 
 def _run_task(run: Path) -> str | None:
