@@ -7,11 +7,16 @@ directory, so the rename itself survives a power cut; a cache entry, which a cra
 price of recomputing it, skips both fsyncs.  A failed write (a full disk, an exception in the
 writer) removes the temporary file and leaves the target as it was.  (``render.video.encode_mp4``
 keeps the same rule where ffmpeg, not Python, writes the temporary file.)
+
+A process killed mid-write (SIGKILL, a power cut) cannot remove its temporary file.  Each one
+names its writer's process id (:func:`temporary_path`), so a run that takes its directory back
+(``runs.claimed``) removes those a dead process left (:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -26,12 +31,55 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.tmp(\.[A-Za-z0-9]+)?$")
+
+
+def temporary_path(path: str | os.PathLike, suffix: str = "") -> Path:
+    """Where a write of ``path`` puts its content before the rename: a dot-name beside it that
+    names this process (``.NAME.PID.HEX.tmp``, then ``suffix``, e.g. ``.mp4`` for a program that
+    picks the format by the extension)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp{suffix}")
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Removes, in ``directory`` and below, the temporary files of writes whose process is gone
+    (killed before its rename or its clean-up); returns them.  A live process's are kept, so this is
+    safe beside any writer; a process id the system reused keeps a stale file, which is harmless."""
+    removed = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            m = _TEMPORARY.match(name)
+            if m and not _alive(int(m.group(1))):
+                path = Path(root) / name
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False  # no process's (and kill(0, 0) would signal this process group)
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO[bytes]], None], *,
                  durable: bool = True) -> Path:
     """Replace ``path`` by ``content`` in one step: bytes, text (UTF-8), or a function that writes
     the open binary file.  Returns ``path``; the parent directory must exist."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as f:
             if callable(content):

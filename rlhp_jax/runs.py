@@ -26,7 +26,7 @@ except ImportError:  # not a POSIX system: runs go unlocked
 
 from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_json
 from rlhp_jax.config_fields import describe, is_sweep_config
-from rlhp_jax.files import write_atomic
+from rlhp_jax.files import remove_stale_temporaries, write_atomic
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
 
 
@@ -86,7 +86,8 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
     sweep given the same directory meanwhile is refused in one line instead of writing into it: two
     writers would interleave one run's checkpoints, metrics and label store with the other's.  A
     process may claim a directory it holds already (a command claims it before opening the labeling
-    page there, then its driver does).  A file system that cannot lock (some network mounts) leaves
+    page there, then its driver does).  Taking the directory removes the temporary files that writes
+    killed before their rename left in it (:func:`rlhp_jax.files.remove_stale_temporaries`).  A file system that cannot lock (some network mounts) leaves
     the run unlocked, as before."""
     check_out_directory(out, flag)
     out = Path(out)
@@ -104,6 +105,7 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
                 raise ValueError(f"{out} is in use by another process (a run, a --resume of it or a sweep is "
                                  f"writing there now): wait for it to end{other}.") from None
             _claims[key] = [fd, 1]
+            remove_stale_temporaries(out)  # what writes killed before their rename left (files.py)
     try:
         yield out
     finally:

@@ -10,10 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlhp_jax import runs
-from rlhp_jax.files import write_atomic
+from rlhp_jax.files import remove_stale_temporaries, write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,9 +74,49 @@ def test_a_kill_while_a_resume_cuts_metrics_back_loses_no_row(tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     kept = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert kept == rows  # all five: the cut had not happened yet, and nothing was lost
+    left = [p.name for p in run.iterdir() if p.name.startswith(".metrics.jsonl.")]
+    assert len(left) == 1  # the killed write's temporary file, which nobody could remove
+    with runs.claimed(run):  # the next run, resume or sweep to take the directory removes it
+        assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
     # the same call, not killed, keeps exactly the rows the checkpoint covers
     writer, board = runs.open_run(run, None, restoring=True, resume=True, keep_row=lambda r: r["iteration"] <= 3,
                                   purge_step=4)
     writer.close()
     board.close()
     assert [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] == rows[:3]
+
+
+def test_only_a_dead_process_s_temporary_files_are_removed(tmp_path):
+    """A live writer's temporary file (this process's, a running child's) is its own to rename;
+    a dead one's is litter; a user's dot-file that merely looks alike is kept."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "clips").mkdir()
+        names = {f".config.json.{dead.pid}.0a1b2c3d.tmp": False, f"clips/.1-left.mp4.{dead.pid}.deadbeef.tmp.mp4": False,
+                 f".summary.json.{os.getpid()}.0a1b2c3d.tmp": True, f".summary.json.{live.pid}.0a1b2c3d.tmp": True,
+                 f".notes.{dead.pid}.tmp": True, "config.json": True, ".config.json.0.0a1b2c3d.tmp": False}
+        for name in names:
+            (tmp_path / name).write_text("x")
+        removed = remove_stale_temporaries(tmp_path)
+        assert sorted(p.relative_to(tmp_path).as_posix() for p in removed) == sorted(n for n, k in names.items() if not k)
+        assert all((tmp_path / name).exists() == kept for name, kept in names.items())
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_the_clip_encoder_s_temporary_file_is_one_the_clean_up_recognises(tmp_path, monkeypatch):
+    """ffmpeg writes a clip's temporary file itself; its name must carry the process id too, or a
+    clip encoder killed mid-write would leave litter no run removes."""
+    from rlhp_jax.render import video
+
+    renamed, replace = [], os.replace
+    monkeypatch.setattr(video.os, "replace", lambda src, dst: (renamed.append(Path(src)), replace(src, dst))[1])
+    video.encode_mp4(np.zeros((2, 8, 8), np.uint8), tmp_path / "a.mp4", 10)
+    [tmp] = renamed
+    assert tmp.parent == tmp_path and tmp.name.startswith(f".a.mp4.{os.getpid()}.") and tmp.suffix == ".mp4"
+    stale = tmp.with_name(tmp.name.replace(f".{os.getpid()}.", ".0."))  # the same name, a writer that is gone
+    stale.write_text("x")
+    assert remove_stale_temporaries(tmp_path) == [stale] and os.listdir(tmp_path) == ["a.mp4"]

@@ -16,12 +16,13 @@ import contextlib
 import os
 import re
 import subprocess
-import tempfile
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from rlhp_jax.files import temporary_path
 
 # imageio-ffmpeg starts its ffmpeg writer with ``preexec_fn=os.setpgrp`` (to keep a terminal's Ctrl-C
 # from it): Python code in the forked child, which deadlocks when another thread held a lock at the
@@ -115,9 +116,7 @@ def encode_mp4(frames: Any, path: str | os.PathLike, fps: float,
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"output directory does not exist: {directory}")
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp.mp4",
-                               dir=directory)
-    os.close(fd)
+    tmp = os.fspath(temporary_path(path, ".mp4"))  # ffmpeg picks the container by the extension
     try:
         writer = imageio_ffmpeg.write_frames(
             tmp, (w, h), pix_fmt_in="rgb24", pix_fmt_out="yuv420p", fps=fps, quality=None,
@@ -128,9 +127,6 @@ def encode_mp4(frames: Any, path: str | os.PathLike, fps: float,
         for frame in frames:
             writer.send(frame)
         writer.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
