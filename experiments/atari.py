@@ -22,9 +22,9 @@ pairs per second (BUILD_NOTES).  These settings are ``rlhp_jax.presets.ATARI`` (
 from __future__ import annotations
 
 from experiments import cli
-from experiments.cli import Domain, main as cli_main
+from experiments.cli import DOMAIN_PROGS, Domain, main as cli_main
 
-DOMAIN = Domain(prog="python -m experiments.atari", doc=__doc__, backend="atari", default_env="Pong")
+DOMAIN = Domain(prog=DOMAIN_PROGS["atari"], doc=__doc__, backend="atari", default_env="Pong")
 
 
 def main(argv=None) -> int:

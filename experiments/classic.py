@@ -19,9 +19,9 @@ field it is named after.
 from __future__ import annotations
 
 from experiments import cli
-from experiments.cli import Domain, main as cli_main
+from experiments.cli import DOMAIN_PROGS, Domain, main as cli_main
 
-DOMAIN = Domain(prog="python -m experiments.classic", doc=__doc__, backend="gymnax", default_env="CartPole-v1")
+DOMAIN = Domain(prog=DOMAIN_PROGS["gymnax"], doc=__doc__, backend="gymnax", default_env="CartPole-v1")
 
 
 def main(argv=None) -> int:

@@ -382,10 +382,21 @@ def agent_changes(cls, overrides: list[str]) -> dict:
     return changes
 
 
+DOMAIN_PROGS = {"gymnax": "python -m experiments.classic", "atari": "python -m experiments.atari",
+                "mujoco": "python -m experiments.mujoco"}  # the command that runs each backend's tasks
+
+
 def _check_env(args: argparse.Namespace, domain: Domain) -> None:
-    tasks = domain.tasks()
-    if args.env not in tasks:
-        raise ValueError(f"Unknown environment {args.env!r} for {domain.prog}. Supported: {', '.join(tasks)}.")
+    """``--env`` as the task registry spells it (any spelling ``tasks.find`` reads: ``hopper``,
+    ``Hopper-v4``, ``PongNoFrameskip-v4``), refused where this command does not run that task."""
+    from rlhp_jax import tasks
+
+    task = tasks.find(args.env)
+    if task is None or task.backend != domain.backend:
+        elsewhere = f": {task.name} runs with {DOMAIN_PROGS[task.backend]}" if task is not None else ""
+        raise ValueError(f"Unknown environment {args.env!r} for {domain.prog}{elsewhere}. "
+                         f"Supported: {', '.join(domain.tasks())}.")
+    args.env = task.name
 
 
 def ibarz_config_from_args(args: argparse.Namespace, domain: Domain):

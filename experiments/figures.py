@@ -417,7 +417,11 @@ class Figure:
 
     def check_args(self, args: argparse.Namespace) -> None:
         """Raise :class:`GridError` for flags that cannot make a grid."""
+        from rlhp_jax.tasks import find
+
         known = self.known_tasks()
+        args.tasks = [t if t in known or find(t) is None or find(t).name not in known else find(t).name
+                      for t in args.tasks]  # any spelling the task registry reads: hopper, Hopper-v4
         bad = [t for t in args.tasks if t not in known]
         if bad:
             raise GridError(f"unknown task(s) {', '.join(bad)}; supported: {', '.join(known)}")

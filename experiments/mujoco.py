@@ -26,9 +26,9 @@ it is named after.
 from __future__ import annotations
 
 from experiments import cli
-from experiments.cli import Domain, main as cli_main
+from experiments.cli import DOMAIN_PROGS, Domain, main as cli_main
 
-DOMAIN = Domain(prog="python -m experiments.mujoco", doc=__doc__, backend="mujoco", default_env="HalfCheetah")
+DOMAIN = Domain(prog=DOMAIN_PROGS["mujoco"], doc=__doc__, backend="mujoco", default_env="HalfCheetah")
 
 
 def main(argv=None) -> int:

@@ -231,7 +231,9 @@ def cartpole_run(tmp_path_factory):
     "module, argv, message",
     [
         (atari, ["--env", "Hopper"], "Unknown environment 'Hopper' for python -m experiments.atari"),
-        (mujoco, ["--env", "Pong"], "Unknown environment 'Pong' for python -m experiments.mujoco"),
+        (mujoco, ["--env", "Pong"], "Unknown environment 'Pong' for python -m experiments.mujoco: Pong runs with "
+                                    "python -m experiments.atari"),
+        (classic, ["--env", "Hoper"], "Unknown environment 'Hoper' for python -m experiments.classic. Supported:"),
         (atari, ["--agent", "trpo", "--steps", "1000"], "TRPO runs on vector-observation tasks"),
         (atari, ["--ablation", "no_segments"], "defined for the robotics tasks only"),
         (mujoco, ["--baseline", "--ablation", "target"], "cannot be combined with --ablation"),
@@ -244,6 +246,15 @@ def test_bad_input_gives_clear_error(module, argv, message, capsys, tmp_path):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("module, spelling, name", [(mujoco, "hopper-v4", "Hopper"), (atari, "PongNoFrameskip-v4", "Pong"),
+                                                   (classic, "cartpole-v1", "CartPole-v1")])
+def test_a_task_is_taken_in_any_spelling_the_registry_reads(module, spelling, name):
+    """README and tasks.resolve promise ``Hopper-v4``, ``pong``…: the training commands took only the
+    registry's own names, and the run's config keeps that name, whatever the spelling."""
+    args = build_parser(module.DOMAIN).parse_args(["--env", spelling])
+    assert config_from_args(args, module.DOMAIN).env == name
 
 
 def test_resume_from_missing_or_corrupt_checkpoint_is_refused_and_overwrites_nothing(tmp_path, capsys, cartpole_run):
