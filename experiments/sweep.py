@@ -90,6 +90,11 @@ def base_config(rest: list[str], labels_needed: int | None):
 
     domain = dataclasses.replace(CLASSIC, prog=PROG)
     cargs = build_parser(domain).parse_args(rest)
+    ignored = {"--seed": "a sweep's seeds are --seeds N from --first-seed S",
+               "--resume": "a killed sweep starts again with the same command"}
+    for flag, instead in ignored.items():
+        if any(arg == flag or arg.startswith(flag + "=") for arg in rest):
+            raise ValueError(f"{flag} is a flag of python -m experiments.classic that a sweep does not use: {instead}.")
     start_compile_cache(cargs)  # before the program compiles (--no-compile-cache: off)
     if cargs.teacher == "human":
         raise ValueError("A sweep labels with the synthetic oracle; people label through python -m experiments.classic.")

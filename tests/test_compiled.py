@@ -212,6 +212,12 @@ def test_bad_input_is_refused(program, tmp_path, capsys):
     # the run's flags are experiments.classic's, but a bad one is refused under the sweep's name
     with pytest.raises(ValueError, match="Unknown environment 'Nope' for python -m experiments.sweep"):
         sweep.run(["--env", "Nope", "--out", str(tmp_path / "s"), "--no-progress"])
+    # classic's flags that a sweep would silently not use
+    with pytest.raises(ValueError, match="--seed is a flag of python -m experiments.classic.*--first-seed"):
+        sweep.run(["--env", "CartPole-v1", "--seed", "5", "--out", str(tmp_path / "s2"), "--no-progress"])
+    with pytest.raises(ValueError, match="--resume is a flag .* starts again with the same command"):
+        sweep.run(["--resume=" + str(tmp_path / "s2"), "--no-progress"])
+    assert not (tmp_path / "s2").exists()
     with pytest.raises(SystemExit):
         sweep.run(["--no-such-flag", "--out", str(tmp_path / "s")])
     assert "python -m experiments.sweep: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
