@@ -498,8 +498,6 @@ def main(domain: Domain, argv=None) -> int:
     parser = build_parser(domain)
     args = parser.parse_args(argv)
     start_compile_cache(args)
-    from rlhp_jax.checkpoint import CheckpointError
-    from rlhp_jax.demos import DemoError
     from rlhp_jax.config import RunConfig
     from rlhp_jax.driver import PreferenceRun
     from rlhp_jax.runs import read_run_config
@@ -540,7 +538,7 @@ def main(domain: Domain, argv=None) -> int:
             finally:
                 if server is not None:
                     server.stop()
-    except (ValueError, CheckpointError, OSError, DemoError) as e:
+    except (ValueError, OSError) as e:  # a CheckpointError and a DemoError are ValueErrors
         return refuse(e)
     print(json.dumps(summary, indent=2))
     print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")

@@ -50,7 +50,7 @@ def plot(run_dirs: list[Path], out: Path) -> None:
     for i, run in enumerate(run_dirs):
         rows = read_jsonl(run / "metrics.jsonl")
         if not any("fall_out_of_range" in r for r in rows):
-            raise SystemExit(f"error: {run} has no fall diagnostics: they come from a learning run on a task with a "
+            raise ValueError(f"{run} has no fall diagnostics: they come from a learning run on a task with a "
                              "penalty out of range (Hopper and Walker2d default to the height reward: run them "
                              "with --env-options '((\"penalty_shape\",\"range\"),)')")
         for ax, (title, keys) in zip(axes.flat, PANELS + (("", ()),)):
@@ -83,7 +83,10 @@ def main(argv=None) -> int:
     missing = [str(r) for r in args.runs if not (r / "metrics.jsonl").is_file()]
     if missing:
         return refuse(f"no metrics.jsonl in {', '.join(missing)}")
-    plot(args.runs, args.out)
+    try:
+        plot(args.runs, args.out)
+    except (ValueError, OSError) as e:
+        return refuse(e)
     print(args.out)
     return 0
 

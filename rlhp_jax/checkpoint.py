@@ -99,8 +99,10 @@ _STEP_LEAF = "step"
 _MAX_LISTED = 12
 
 
-class CheckpointError(Exception):
-    """A checkpoint cannot be written or read; the message says which path and what to do."""
+class CheckpointError(ValueError):
+    """A checkpoint cannot be written or read; the message says which path and what to do.  A
+    ``ValueError``, as every other refusal of a user's input is: a command that reports those in one
+    line reports this one too."""
 
 
 class _Corrupt(Exception):
@@ -562,6 +564,8 @@ class Checkpointer:
             if body["step"] != step or len(body["names"]) != len(body["leaves"]):
                 raise _Corrupt(f"{path} is inconsistent")
             return body
+        except CheckpointError:
+            raise  # (a ValueError too: not to be taken for a damaged record)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise _Corrupt(f"unreadable commit record {path}: {type(e).__name__}: {e}") from None
 

@@ -204,6 +204,25 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     assert (tmp_path / "foreign" / "3").exists()
 
 
+def test_a_checkpoint_of_another_format_says_so_and_is_a_value_error(tmp_path):
+    """Commands report ValueErrors in one line: a checkpoint error is one.  A record of another
+    format version is named as such, not taken for a damaged record."""
+    from rlhp_jax.checkpoint import _record_crc
+
+    ckpt = Checkpointer(tmp_path / "ck")
+    ckpt.save(1, {"w": jnp.ones(2)}, {})
+    ckpt.wait()
+    record = tmp_path / "ck" / "1" / COMMIT_FILE
+    rec = json.loads(record.read_text())
+    rec["body"]["format"] = 99
+    rec["crc32"] = _record_crc(rec["body"])
+    record.write_text(json.dumps(rec))
+    assert issubclass(CheckpointError, ValueError)
+    with pytest.raises(CheckpointError, match="has format 99, this code reads format") as e:
+        Checkpointer(tmp_path / "ck").restore({"w": jnp.ones(2)}, step=1)
+    assert "corrupt" not in str(e.value) and "unreadable" not in str(e.value)
+
+
 def _largest_file(step_dir: Path) -> Path:
     return max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
