@@ -3,7 +3,7 @@ other figure of label budgets against RL on the true reward): one run of an entr
 (``experiments.mujoco``, ``experiments.atari``: ``Run.entry``) per task x arm x seed x step budget,
 in ``ROOT/TASK-TAG-STEPS-seedS``; what state each is in (finished, to resume, to restart, to
 start), refusing a directory that holds another run; and running them as subprocesses, ``--jobs``
-at a time.  The figures and tables are the reproduce modules'.
+at a time.  The plots and tables are ``experiments.figures.Figure``'s.
 """
 
 from __future__ import annotations

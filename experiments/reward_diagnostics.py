@@ -5,8 +5,8 @@ one run's reward model (r̂ as the agent sees it: the members' normalized reward
         runs/reproduce_mujoco/Swimmer-700labels-3M-seed0 runs/reproduce_mujoco/Swimmer-baseline-3M-seed0
 
 For each run and each way of acting (``sampled``: the stochastic policy the agent trains;
-``greedy``: its mean action) it rolls ``--steps`` steps of the task on ``--envs`` environments and
-prints one row: the true return per episode, r̂ per step, the per-step correlation and least-squares
+``greedy``: its mean action) it rolls ``--steps`` steps of the task on each of the ``--rm`` run's
+environments (its agent's ``num_envs``) and prints one row: the true return per episode, r̂ per step, the per-step correlation and least-squares
 slope of r̂ on the true reward, and how much of r̂'s variance comes from the action noise (r̂ on the
 sampled actions against r̂ on the mean actions, both clipped to the action bounds as the
 environment receives them), and the members' spread: the per-step standard deviation of the

@@ -2,7 +2,8 @@
 
     final, metrics = train(key, config)                    # one run, one XLA program
     run = CompiledRun(config)
-    finals, metrics = run.train_lanes(keys, run.lanes(...))  # many seeds / settings at once
+    keys, hypers, lanes = run.lanes(seeds, labels=[100, 200])  # many seeds / settings at once
+    finals, metrics = run.train_lanes(keys, hypers)
 
 Acting, segment sampling, query selection, synthetic labeling, ensemble training and the agent
 update all happen inside one ``jit``: no host round trip per iteration.  It is the algorithm of

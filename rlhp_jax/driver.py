@@ -9,9 +9,11 @@ to a ``teachers.Teacher`` (the oracle, answering at once, or people through the 
 answering when they do: the same code path), logs, checkpoints and plots.  The same loop trains on the true reward when ``reward_source="true"`` (the RL baseline:
 as it is, or shifted and scaled by a random policy's statistics, as ``baseline_reward`` says).
 
-One driver iteration runs ``updates_per_iteration`` agent updates inside one compiled
+One driver iteration runs ``updates_per_iter`` agent updates, their rollouts laid end to end as
+the pool that segments are drawn from.  On a pure-JAX task they run inside one compiled
 ``lax.scan`` (A2C's 5-step updates would otherwise pay the host round trip 80 env steps at a
-time); their rollouts, laid end to end, are the pool that segments are drawn from.  The reward
+time); with ``iteration_loop="host"`` (a CNN policy on CPU) and on an envpool task, whose acting
+compiles at every start, a host loop calls one compiled update at a time (``_build_functions``).  The reward
 predictor is trained *interleaved* with the agent (same thread, between iterations, at about
 ``labels_per_rl_step`` labels processed per environment step, A.2: 0.1), not asynchronously:
 runs are reproducible from their seed, and resuming a killed run replays it exactly.

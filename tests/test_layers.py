@@ -173,7 +173,7 @@ def test_every_long_file_is_named_in_design_with_its_one_concept():
 
     text = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
     table = text.split("## Files over 450 lines, and why", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `([^`]+)` \| \d+ \| .+ \|$", table, flags=re.M))
+    listed = set(re.findall(r"^\| `([^`]+)` \| .+ \|$", table, flags=re.M))
     long = {p.relative_to(ROOT).as_posix() for folder in ("rlhp_jax", "experiments")
             for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".html")
             and len(p.read_text(encoding="utf-8").splitlines()) > 450}
