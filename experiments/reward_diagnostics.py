@@ -76,6 +76,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.cli import add_compile_cache_flag, start_compile_cache
 from rlhp_jax.config import RunConfig
 from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.rollout import collect_rollout
@@ -364,6 +365,7 @@ def main(argv=None) -> int:
                    help="what --rm's labels hold and how its r̂ reads them (see above)")
     p.add_argument("--attribute", action="store_true",
                    help="with two runs A B: which inputs make r̂ pay their policies differently (see above)")
+    add_compile_cache_flag(p)
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be positive")
@@ -375,6 +377,7 @@ def main(argv=None) -> int:
         p.error("give run directories to score, --retrain STEPS or --labels")
     if args.retrain is not None and (args.retrain < 1 or args.retrain_seeds < 1):
         p.error("--retrain and --retrain-seeds must be positive")
+    start_compile_cache(args)  # a second look at the same run loads its programs instead of compiling them
     try:
         rm_run, rm_state = load(args.rm)
         if args.labels:
