@@ -8,13 +8,17 @@ import sys
 import time
 
 import httpx
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments import classic
 from rlhp_jax.human import exchange
 from rlhp_jax.human.__main__ import fit_offline, main, make_queue
+from rlhp_jax import envs, rollout
 from rlhp_jax.human.server import free_port
 from rlhp_jax.human.store import LabelStore
+from rlhp_jax.human.teacher import read_segments
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,44 @@ def test_a_labeled_set_trains_a_reward_model_offline(queue, tmp_path):
     result = fit_offline(str(exported), members=2, steps=300)
     assert result["answers"] == 24 and result["labels_agree_with_oracle"] == 1.0
     assert result["train_agreement"] >= 0.8  # the model learned the labels it was given
+
+
+class _DeferredReset:
+    """A gymnax task whose step after each episode's end is no real transition (``valid`` False),
+    as envpool's deferred reset is."""
+
+    def __init__(self, env):
+        self.env, self.spec, self.num_envs = env, env.spec, env.num_envs
+
+    def reset(self, key):
+        state, obs = self.env.reset(key)
+        return (state, jnp.zeros(self.num_envs, bool)), obs
+
+    def step(self, key, state, action):
+        inner, ended = state
+        inner, out = self.env.step(key, inner, action)
+        return (inner, out.boundary), out._replace(valid=~ended)
+
+
+def test_a_queued_clip_never_crosses_an_episode_end_or_an_invalid_step(tmp_path, monkeypatch):
+    """``queue`` draws its clips where the trainer would (``queries``): within one episode of the
+    rollout (CartPole's 25-step clips, 40-step episodes here) and never over a step that is no
+    real transition."""
+    make_env, collect = envs.make_env, rollout.collect_rollout
+    seen = []
+    monkeypatch.setattr(envs, "make_env", lambda name, n: _DeferredReset(make_env(name, n, horizon=40)))
+    monkeypatch.setattr(rollout, "collect_rollout", lambda *a: seen.append(collect(*a)) or seen[-1])
+    out = make_queue("CartPole-v1", 4, tmp_path / "q", seed=0)
+    (_, _, ro), = seen
+    boundary, valid, obs = (np.asarray(x) for x in (ro.boundary, ro.valid, ro.obs))
+    assert boundary.any() and not valid.all()  # the rollout holds both
+    clips = [c for f in sorted((out.parent / "segments").glob("*.npz")) for c in read_segments(f)["obs"]]
+    assert len(clips) == 8
+    for clip in clips:
+        (t0, env), = np.argwhere((obs == clip[0]).all(-1))  # where the clip starts in the rollout
+        steps = slice(t0, t0 + len(clip))
+        np.testing.assert_array_equal(obs[steps, env], clip)
+        assert not boundary[t0:t0 + len(clip) - 1, env].any() and valid[steps, env].all()
 
 
 def test_bad_queue_and_commands_fail_clearly(tmp_path, capsys):

@@ -71,10 +71,13 @@ def _env_of(store) -> str | None:
 
 def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
     """``pairs`` pairs of segments of a uniformly random policy, rendered, in a fresh directory
-    ``out`` with ``queue.jsonl``: a set to label with ``label --queue``."""
+    ``out`` with ``queue.jsonl``: a set to label with ``label --queue``.  The clips are drawn as
+    the trainer draws its candidates (``queries.sample_segment_starts``): none runs across an
+    episode's end or over a step that is no real transition (envpool's deferred reset)."""
     import jax
     import numpy as np
 
+    from rlhp_jax import queries
     from rlhp_jax.envs import make_env
     from rlhp_jax.human.exchange import export_jsonl
     from rlhp_jax.human.store import LabelStore
@@ -95,15 +98,12 @@ def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
 
     policy = uniform_random_policy(spec)
 
-    key = jax.random.PRNGKey(seed)
-    state, obs = env_.reset(key)
+    k_reset, k_rollout, k_clips = jax.random.split(jax.random.PRNGKey(seed), 3)
+    state, obs = env_.reset(k_reset)
     steps = max(4 * seg, seg + pairs)
-    _, _, ro = collect_rollout(env_, policy, None, state, obs, key, steps)
-    rng = np.random.default_rng(seed)
-    t0 = rng.integers(0, steps - seg + 1, size=(pairs, 2))
-    e = rng.integers(0, env_.num_envs, size=(pairs, 2))
-    idx = t0[..., None] + np.arange(seg)  # [P, 2, T]
-    take = lambda x: np.asarray(x)[idx, e[..., None]]
+    _, _, ro = collect_rollout(env_, policy, None, state, obs, k_rollout, steps)
+    t0, e = queries.sample_segment_starts(k_clips, ro.boundary, 2 * pairs, seg, excluded=~ro.valid)
+    take = lambda x: np.asarray(queries.gather_segments(x, t0, e, seg)).reshape(pairs, 2, seg, *x.shape[2:])
     arrays = dict(obs=take(ro.obs), action=take(clip_action(spec, ro.action)), true_reward=take(ro.true_reward),
                   render=take(ro.render))
     store = LabelStore(out, path=out / "queue.sqlite")
