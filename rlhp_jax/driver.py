@@ -40,7 +40,7 @@ from rlhp_jax.config import RunConfig
 from rlhp_jax.loop import RunParts, TrainState, chunk_keys, fold_in, query_chunks, split_keys, step_keys
 from rlhp_jax.metrics import finite_or_none, import_plotting_ahead, nanmean_or_none, plot_learning_curve, read_jsonl
 from rlhp_jax.runs import claimed, continues_from_checkpoint, finished_line, open_run, write_summary
-from rlhp_jax.teachers import OracleTeacher, Teacher
+from rlhp_jax.teachers import OracleTeacher, Teacher, await_answers
 
 
 def host_values(metrics: dict) -> dict:
@@ -256,18 +256,15 @@ class PreferenceRun:
                                         parts.initial_chunk)
             teacher.publish(labels_due=initial, responses=teacher.responses, env_steps=0, total_steps=total_steps,
                             state="waiting for the first labels")
-            buffer, got = self._collect(teacher, buffer, fold_in(k_q, 2))
-            answered += got
-            last_log, waits = 0.0, 0
-            while cfg.wait_for_initial_labels and teacher.responses < initial:
-                waits += 1
-                buffer, got = self._collect(teacher, buffer, fold_in(k_q, 2 + waits))
+
+            def look(i):  # the i-th look collects with fold_in(k_q, 1 + i): 2, 3, …
+                nonlocal buffer, answered
+                buffer, got = self._collect(teacher, buffer, fold_in(k_q, 1 + i))
                 answered += got
-                if time.monotonic() - last_log > 15:
-                    self.log(f"waiting for people: {teacher.responses} of the first {initial} answers "
-                             f"(RL starts when they are in)")
-                    last_log = time.monotonic()
-                time.sleep(0.5)
+                return initial - teacher.responses if cfg.wait_for_initial_labels else 0
+
+            await_answers(look, lambda awaited, _: self.log(
+                f"waiting for people: {teacher.responses} of the first {initial} answers (RL starts when they are in)"))
             # pretraining (0 steps: A.1) ends with r̂'s normalization over the initial labels
             ens_state, _ = self._fit(state.ensemble, buffer, k_fit, self.pretrain_steps)
             state = state.replace(buffer=buffer, ensemble=ens_state)

@@ -31,7 +31,7 @@ of an iteration).  The initial batch is always awaited (the reward model is firs
 it); then ``wait_for_labels`` chooses: each iteration's batch is awaited before the reward model
 is trained and the next iteration starts, or training goes on with r̂ as it is and the answers
 are used after whichever iteration they arrive in.  While it waits the run says so every
-``WAIT_LOG_S`` seconds, and the page shows the labels due.  Autolabels need no one: each clip of
+``teachers.WAIT_LOG_S`` seconds, and the page shows the labels due.  Autolabels need no one: each clip of
 each initial pair is labeled worse than a demo clip whoever labels the pairs.
 
 Acting and learning are one host loop over two compiled functions (act+step, and
@@ -80,14 +80,12 @@ from rlhp_jax.preferences import label_entropy_bound
 from rlhp_jax.replay import PrioritizedReplay
 from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.schedules import initial_rollout_steps, label_schedule
-from rlhp_jax.teachers import OracleTeacher, Teacher
+from rlhp_jax.teachers import OracleTeacher, Teacher, await_answers
 
 # stages of the protocol; a checkpoint's step number is the stage it completed
 BC, INITIAL, RM_PRETRAIN, SECOND_PRETRAIN = 1, 2, 3, 4
 FIRST_ITERATION = 5
 LABEL_BATCH = 512  # pairs labeled and added in one compiled call (Atari clips: 512 × 2 × 25 frames)
-WAIT_LOG_S = 15.0  # while waiting for people: seconds between progress lines
-WAIT_POLL_S = 0.5  # ... and between looks at the label store
 
 
 class IbarzRun:
@@ -292,22 +290,18 @@ class IbarzRun:
         return outstanding
 
     def _await_answers(self, what: str, due: int, key) -> float:
-        """People: wait until every pair posed is answered, adding the answers as they come and
-        saying how it goes every ``WAIT_LOG_S`` seconds; returns the seconds waited (the oracle: 0)."""
+        """People: wait until every pair posed is answered, adding the answers as they come
+        (``teachers.await_answers``: the i-th look reads with ``fold_in(key, i)``) and saying how it
+        goes every ``WAIT_LOG_S`` seconds; returns the seconds waited (the oracle: 0)."""
         if not self.teacher.asynchronous:
             return 0.0
-        t0, last_log, looks = time.perf_counter(), -math.inf, 0
-        while True:
-            looks += 1
-            open_ = self._outstanding(fold_in(key, looks)) - self.teacher.responses
-            if open_ <= 0:
-                return time.perf_counter() - t0
-            if time.monotonic() - last_log >= WAIT_LOG_S:
-                self._publish(due, f"waiting for the labels of {what}")
-                self.log(f"waiting for people: {open_} pairs of {what} unanswered ({self.teacher.responses} of "
-                         f"{due} labels due answered, {time.perf_counter() - t0:.0f} s waited)")
-                last_log = time.monotonic()
-            time.sleep(WAIT_POLL_S)
+
+        def report(open_: int, waited: float) -> None:
+            self._publish(due, f"waiting for the labels of {what}")
+            self.log(f"waiting for people: {open_} pairs of {what} unanswered ({self.teacher.responses} of "
+                     f"{due} labels due answered, {waited:.0f} s waited)")
+
+        return await_answers(lambda i: self._outstanding(fold_in(key, i)) - self.teacher.responses, report)
 
     def _publish(self, due: int, state: str) -> None:
         """What the labeling page shows of the run (people only)."""

@@ -24,14 +24,16 @@ selected pairs, ``collect`` hands back the answers that have arrived, as batches
 ``labels.add_labels``.  :class:`OracleTeacher` is the oracle behind it (answers at once);
 ``rlhp_jax.human.teacher.HumanTeacher`` is people, through the label store (answers minutes
 later).  The compiled loop calls ``SyntheticTeacher.label_pairs`` inside its program: the same
-function the oracle's ``ask`` runs.
+function the oracle's ``ask`` runs.  :func:`await_answers` is the one way a host loop waits for
+people's answers (the driver's first labels, each of Ibarz's labeling points).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple, Protocol
+import time
+from typing import Any, Callable, NamedTuple, Protocol
 
 import chex
 import jax
@@ -140,6 +142,31 @@ class Teacher(Protocol):
 
     def close(self) -> None:
         ...
+
+
+WAIT_LOG_S = 15.0  # while waiting for people: seconds between progress lines
+WAIT_POLL_S = 0.5  # ... and between looks at the answers
+
+
+def await_answers(look: Callable[[int], int], report: Callable[[int, float], None],
+                  log_s: float = WAIT_LOG_S, poll_s: float = WAIT_POLL_S) -> float:
+    """Wait for people's answers; returns the seconds waited.
+
+    ``look(i)``, for i = 1, 2, …, adds the answers that have arrived (the caller derives the i-th
+    look's key from ``i``) and returns how many are still awaited; the wait ends at the first look
+    that returns 0 or less (a teacher that answers at once: the first, with no pause).  Between
+    looks it sleeps ``poll_s`` seconds, and calls ``report(awaited, seconds waited)`` at once and
+    then every ``log_s`` seconds."""
+    t0, last_log, looks = time.perf_counter(), -math.inf, 0
+    while True:
+        looks += 1
+        awaited = look(looks)
+        if awaited <= 0:
+            return time.perf_counter() - t0
+        if time.monotonic() - last_log >= log_s:
+            report(awaited, time.perf_counter() - t0)
+            last_log = time.monotonic()
+        time.sleep(poll_s)
 
 
 class OracleTeacher:

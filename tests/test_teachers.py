@@ -15,7 +15,7 @@ from conftest import fast_jit
 from hypothesis import given
 
 from rlhp_jax.labels import SegmentPairs
-from rlhp_jax.teachers import SyntheticTeacher
+from rlhp_jax.teachers import SyntheticTeacher, await_answers
 
 P, L = 16, 4  # shape of the property-test batches
 
@@ -222,3 +222,15 @@ def test_bad_shapes_raise():
         SyntheticTeacher().label(jax.random.key(0), np.zeros((4,)), np.zeros((4,)))
     with pytest.raises(AssertionError):
         SyntheticTeacher().label(jax.random.key(0), np.zeros((4, 3)), np.zeros((4, 2)))
+
+
+def test_await_answers_looks_until_none_is_awaited_and_reports_while_it_waits():
+    """The one wait for people: looks 1, 2, … until one finds nothing awaited, a report at the
+    first look that finds answers awaited (then every ``log_s``), none after the last look."""
+    awaited, looks, reports = iter([3, 1, 0, 5]), [], []
+    waited = await_answers(lambda i: looks.append(i) or next(awaited), lambda n, s: reports.append(n),
+                           log_s=3600, poll_s=0)
+    assert looks == [1, 2, 3] and reports == [3] and waited >= 0
+    looks.clear()  # a teacher that answers at once: one look, no report, no pause
+    assert await_answers(lambda i: looks.append(i) or 0, lambda n, s: reports.append(n), poll_s=3600) < 60
+    assert looks == [1] and reports == [3]
