@@ -176,6 +176,17 @@ def test_a_training_run_refuses_pairs_of_another_task(tmp_path):
     refused(make_run(tmp_path / "run"), write_lines(folder / "set.jsonl", lines), "line 2", "env")
 
 
+@pytest.mark.parametrize("text", ["{damaged", "[]"])
+def test_a_training_run_whose_config_cannot_be_read_is_named_and_nothing_is_imported(tmp_path, text):
+    path = write_lines(tmp_path / "set" / "set.jsonl", good_lines(tmp_path / "set"))
+    store = make_run(tmp_path / "run")
+    (tmp_path / "run" / "config.json").write_text(text)
+    before = store_snapshot(store)
+    with pytest.raises(exchange.LabeledSetError, match="config.json: not a run's configuration"):
+        exchange.import_jsonl(store, path)
+    assert store_snapshot(store) == before
+
+
 def bad_pairs_store(root: Path) -> tuple[LabelStore, list[str]]:
     """A store with one answer to each of: two good pairs, and every kind of pair a trainer cannot use."""
     store = LabelStore(root)

@@ -62,9 +62,13 @@ def serve_forever(store, env: str | None, args) -> None:
 
 
 def _env_of(store) -> str | None:
-    cfg = store.root / "config.json"
-    if cfg.is_file():
-        return json.loads(cfg.read_text()).get("env")
+    """The task of the store's pairs: its run's ``config.json``, else the first pair's info."""
+    from rlhp_jax.config_fields import config_object
+
+    config = config_object(store.root)
+    if config is not None:
+        env = config.get("env")
+        return env if isinstance(env, str) else None
     rows = store.all_queries(limit=1)
     return json.loads(rows[0]["info"]).get("env") if rows else None
 

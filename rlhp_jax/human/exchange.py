@@ -315,10 +315,10 @@ def is_training_run(directory: str | os.PathLike) -> bool:
 
 
 def _run_task(run: Path) -> str | None:
-    try:
-        env = json.loads((run / "config.json").read_text(encoding="utf-8")).get("env")
-    except (ValueError, AttributeError) as e:
-        raise LabeledSetError(f"{run / 'config.json'}: not a run's configuration ({e})") from None
+    config = config_object(run)
+    if config is None:
+        raise LabeledSetError(f"{run / 'config.json'}: not a run's configuration (no readable JSON object)")
+    env = config.get("env")
     return env if isinstance(env, str) else None
 
 
