@@ -18,11 +18,15 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlhp_jax.refusal import check_new_file, refuse
 
+if TYPE_CHECKING:
+    from rlhp_jax.human.store import LabelStore
 
-def _store_for(args, create: bool = True) -> "LabelStore":  # noqa: F821
+
+def _store_for(args, create: bool = True) -> LabelStore:
     """The store ``--run DIR`` (its ``labels.sqlite``) or ``--queue FILE`` (the ``.sqlite`` beside
     it) names.  ``create=False`` (serve, stats, export): a new store is made only where one
     belongs, in a run directory (the trainer's ``config.json``) or beside an existing queue
