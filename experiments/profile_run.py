@@ -50,6 +50,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from rlhp_jax.metrics import read_jsonl
+
 # JAX's compile log (JAX_LOG_COMPILES=1), one pattern per stage: (program, seconds)
 STAGES = {
     "traced": re.compile(r"Finished tracing (?:\+ transforming )?(\S+) for \S+ in ([0-9.e+-]+) sec"),
@@ -61,10 +63,6 @@ CACHE_HIT = re.compile(r"Persistent compilation cache hit for 'jit_(\S+?)'")
 IMPORT_TIME = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)\s*$")
 IMPORT_MIN_S = 0.05  # --imports lists the top-level imports that took at least this
 COMPILE_LOG = re.compile(r"^(WARNING|INFO|DEBUG):jax\._src\.|^Compiling |^Finished |^Persistent compilation cache")
-
-
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def breakdown(rows: list[dict], process_s: float, wall_before: float = 0.0, finish_s: float = 0.0) -> dict:
@@ -179,7 +177,7 @@ def main(argv=None):
             args += ["--out", tmp.name]
         out = Path(args[args.index("--out") + 1])
     metrics = out / "metrics.jsonl"
-    before = read_rows(metrics) if metrics.is_file() else []
+    before = read_jsonl(metrics) if metrics.is_file() else []
     if "--no-progress" not in args:
         args.append("--no-progress")
     t0 = time.perf_counter()
@@ -198,7 +196,7 @@ def main(argv=None):
     process_s, ended = time.perf_counter() - t0, time.time()
     if proc.returncode != 0:
         sys.exit(f"the run failed (exit {proc.returncode}); nothing to profile")
-    rows, wall_before = rows_added(before, read_rows(metrics))
+    rows, wall_before = rows_added(before, read_jsonl(metrics))
     if not rows:
         sys.exit(f"the run added no iterations to {metrics} (already finished?); nothing to profile")
     # the last row's write is the loop's end: what the process did after it is its finish

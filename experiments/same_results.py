@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlhp_jax.metrics import read_jsonl
+
 RUNS = {
     "CartPole-ppo-50labels": ["experiments.classic", "--env", "CartPole-v1", "--labels", "50", "--steps", "16384"],
     "CartPole-ppo-baseline": ["experiments.classic", "--env", "CartPole-v1", "--baseline", "--steps", "16384"],
@@ -38,7 +40,8 @@ def numbers(row: dict) -> dict:
 
 
 def read_rows(run_dir: Path) -> list[dict]:
-    return [numbers(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    """A run's metrics rows without wall-clock columns (a row cut short by a killed run is skipped)."""
+    return [numbers(row) for row in read_jsonl(run_dir / "metrics.jsonl")]
 
 
 def digest(rows: list[dict]) -> str:
