@@ -27,7 +27,7 @@ import numpy as np
 
 from experiments import grid as grid_lib
 from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
-                              run_dir, run_metrics, steps_label)
+                              return_digits, run_dir, run_metrics, steps_label)
 from rlhp_jax.files import write_atomic
 from rlhp_jax.refusal import refuse
 from rlhp_jax.runs import check_out_directory
@@ -44,17 +44,12 @@ def meets_target(learned_mean: float, rl_mean: float) -> bool:
     return learned_mean >= rl_mean - (1 - TARGET_FRACTION) * abs(rl_mean)
 
 
-def _digits(mean: float) -> int:
-    """Decimals a return of this size is shown with: none from 100 up, one below."""
-    return 0 if abs(mean) >= 100 else 1
-
-
 def cell(finals: list[float]) -> str:
     """``mean ± std (n seeds)``, both to the precision the mean's size calls for; – without seeds."""
     if not finals:
         return "–"
     mean, std, n = float(np.mean(finals)), float(np.std(finals)), len(finals)
-    digits = _digits(mean)
+    digits = return_digits(mean)
     return f"{mean:.{digits}f} ± {std:.{digits}f} ({n} seed{'s' if n != 1 else ''})"
 
 
@@ -66,7 +61,7 @@ def difference(larger: list[float], target: list[float]) -> str:
     d = float(np.mean(larger)) - float(np.mean(target))
     se = (float(np.sqrt(np.var(larger, ddof=1) / len(larger) + np.var(target, ddof=1) / len(target)))
           if min(len(larger), len(target)) >= 2 else None)
-    digits = _digits(float(np.mean(target)))
+    digits = return_digits(float(np.mean(target)))
     smallest = min((abs(x) for x in (d, se or 0.0) if x != 0.0), default=None)
     if smallest is not None and round(smallest, digits) == 0:
         digits = min(3, max(digits, -math.floor(math.log10(smallest))))
@@ -141,16 +136,17 @@ class Figure:
     def section_title(self) -> str:
         return f"## {self.title} (python -m experiments.{self.name})"
 
+    def finished_final(self, directory: Path) -> float | None:
+        """The final return (:func:`experiments.grid.final_return`) of the run in ``directory``;
+        None until it has finished (written its ``summary.json``) or where it has none."""
+        if not (directory / "summary.json").exists():
+            return None
+        return final_return(run_metrics(directory), self.metric)
+
     def finished_finals(self, root: Path, task: str, labels: int | None, seeds, steps: int) -> list[float]:
-        """The final return (:func:`experiments.grid.final_return`) of each finished seed of one arm."""
-        finals = []
-        for seed in seeds:
-            directory = run_dir(root, task, labels, seed, steps)
-            if (directory / "summary.json").exists():
-                value = final_return(run_metrics(directory), self.metric)
-                if value is not None:
-                    finals.append(value)
-        return finals
+        """The final return (:meth:`finished_final`) of each finished seed of one arm."""
+        finals = (self.finished_final(run_dir(root, task, labels, seed, steps)) for seed in seeds)
+        return [value for value in finals if value is not None]
 
     @property
     def more_heading(self) -> str:

@@ -250,8 +250,14 @@ def run_metrics(directory: Path) -> list[dict]:
     return read_jsonl(path) if path.exists() else []
 
 
+def return_digits(x: float) -> int:
+    """Decimals a return of this size is shown with, in progress lines and tables alike: none from
+    100 up, one below."""
+    return 0 if abs(x) >= 100 else 1
+
+
 def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else (f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}")
+    return "n/a" if x is None else f"{x:.{return_digits(x)}f}"
 
 
 def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[str], None] = print,

@@ -54,12 +54,12 @@ import numpy as np
 
 from experiments import grid as grid_lib
 from experiments.figures import Figure, cell
-from experiments.grid import GridError, Run, final_return, run_metrics
+from experiments.grid import GridError, Run, run_metrics
 from rlhp_jax.config import FULL_SCHEDULE, IbarzConfig
 
 # Fig. 1's nine games, in its order
 TASKS = ("BeamRider", "Breakout", "Enduro", "Hero", "MontezumaRevenge", "Pong", "PrivateEye", "Qbert", "Seaquest")
-STEPS = 50_000_000  # Fig. 1: "after 50 million agent steps"
+STEPS = IbarzConfig.total_steps  # Fig. 1: "after 50 million agent steps"
 DEFAULT_STEPS = {task: STEPS for task in TASKS}
 DEFAULT_SEEDS = 3  # Fig. 1: "the standard deviation across three runs of each experiment"
 SCHEDULES = (FULL_SCHEDULE, FULL_SCHEDULE // 2, FULL_SCHEDULE // 4, round(FULL_SCHEDULE / 6))  # 6800 3400 1700 1133
@@ -163,11 +163,9 @@ class IbarzFigure(Figure):
         out: dict[tuple, list[float]] = {}
         for run in runs:
             values = out.setdefault((run.task, run.variant, run.labels), [])
-            directory = run.directory(root)
-            if (directory / "summary.json").exists():
-                value = final_return(run_metrics(directory), self.metric)
-                if value is not None:
-                    values.append(value)
+            value = self.finished_final(run.directory(root))
+            if value is not None:
+                values.append(value)
         return out
 
     def ibarz_table(self, finals: dict, tasks, setups, schedules) -> str:
