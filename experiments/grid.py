@@ -294,7 +294,7 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
                     failed.append(run)
                     log(f"{head}: FAILED (exit {rc}); log: {run.log_path(root)}; about {left:.0f} min left")
                 else:
-                    log(f"{head}: final {metric.replace('_', ' ')} "
+                    log(f"{head}: final {metric.replace('_', ' ')} (mean of the last {FINAL_ROWS} rows) "
                         f"{_fmt(final_return(run_metrics(run.directory(root)), metric))} "
                         f"(wall {wall:.0f} s); about {left:.0f} min left")
             if not ended:

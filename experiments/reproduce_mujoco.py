@@ -42,8 +42,9 @@ Re-running is safe and cheap:
   the difference named: use another ``--root``, or ask for what that directory holds.
 
 A run that fails (non-zero exit) is reported with its log; the other runs go on, and the command
-exits with status 1 at the end.  After each run: ``[k/N] TASK TAG seed S: final true return X
-(wall Y s); about Z min left`` (X: the mean of its last 5 metrics rows, as in the table; Z: the
+exits with status 1 at the end.  After each run: ``[k/N] TASK TAG seed S: final true return (mean of the
+last 5 rows) X (wall Y s); about Z min left`` (X: the mean of its last 5 metrics rows, as in the
+table, not ``summary.json``'s ``final_true_return``, the last row's; Z: the
 mean wall time of the runs finished so far in this invocation x the runs left / --jobs).
 
 Outputs: ``DOCS/mujoco_TASK.png`` per task and ``DOCS/mujoco_fig2.png`` with every task, in the

@@ -153,8 +153,8 @@ def test_progress_line_after_each_run(grid, capsys):
     assert rm.main(argv + ["--tasks", "Swimmer", "--seeds", "1"]) == 0
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
     # fake returns 10..60: the last five rows average 40
-    assert lines[0].startswith("[1/2] Swimmer 700labels seed 0: final true return 40.0 (wall ")
-    assert lines[1].startswith("[2/2] Swimmer baseline seed 0: final true return 40.0 (wall ")
+    assert lines[0].startswith("[1/2] Swimmer 700labels seed 0: final true return (mean of the last 5 rows) 40.0 (wall ")
+    assert lines[1].startswith("[2/2] Swimmer baseline seed 0: final true return (mean of the last 5 rows) 40.0 (wall ")
     assert lines[1].endswith("about 0 min left") and "min left" in lines[0]
 
 
