@@ -26,22 +26,22 @@ import numpy as np
 from rlhp_jax.envpool_envs import EnvpoolVecEnv
 
 
-REPEATS = 3  # best of: the two cores are shared with envpool's own threads
+REPEATS = 3  # best of, by default: the two cores are shared with envpool's own threads
 
 
-def _timed(fn, *args):
-    out = fn(*args)  # compile + warm up
-    jax.block_until_ready(out)
+def best_time(fn, *args, repeats: int) -> float:
+    """Seconds of ``fn(*args)`` (its outputs ready), best of ``repeats`` calls after a first call
+    that compiles and warms up: every benchmark's timer."""
+    jax.block_until_ready(fn(*args))  # compile + warm up
     best = float("inf")
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        out = fn(*args)
-        jax.block_until_ready(out)
+        jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - t0)
     return best
 
 
-def raw_python(env: EnvpoolVecEnv, steps: int) -> float:
+def raw_python(env: EnvpoolVecEnv, steps: int, repeats: int = REPEATS) -> float:
     raw = env.pool
     rng = np.random.default_rng(0)
     ids = np.arange(env.num_envs, dtype=np.int32)
@@ -51,7 +51,7 @@ def raw_python(env: EnvpoolVecEnv, steps: int) -> float:
         actions = rng.uniform(-1, 1, (steps, env.num_envs, env.spec.num_actions))
     raw.step(actions[0], ids)
     best = float("inf")
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         for a in actions:
             raw.step(a, ids)
@@ -59,7 +59,7 @@ def raw_python(env: EnvpoolVecEnv, steps: int) -> float:
     return best
 
 
-def raw_xla(env: EnvpoolVecEnv, steps: int) -> float:
+def raw_xla(env: EnvpoolVecEnv, steps: int, repeats: int = REPEATS) -> float:
     """envpool's XLA step alone (the env's own handle, built under x64; see EnvpoolVecEnv)."""
     handle, _, _, step = env.xla_ops
     ids = jnp.arange(env.num_envs, dtype=jnp.int32)
@@ -77,10 +77,10 @@ def raw_xla(env: EnvpoolVecEnv, steps: int) -> float:
                 return h, (rew.sum() + obs.reshape(env.num_envs, -1)[:, 0].sum()).astype(jnp.float32)
         return jax.lax.scan(body, h, jax.random.split(key, steps))
 
-    return _timed(run, handle, jax.random.key(0))
+    return best_time(run, handle, jax.random.key(0), repeats=repeats)
 
 
-def wrapper(env: EnvpoolVecEnv, steps: int) -> float:
+def wrapper(env: EnvpoolVecEnv, steps: int, repeats: int = REPEATS) -> float:
     state, _ = env.reset()
 
     @jax.jit
@@ -94,7 +94,7 @@ def wrapper(env: EnvpoolVecEnv, steps: int) -> float:
             return s, out.true_reward.sum() + out.obs.reshape(env.num_envs, -1)[:, 0].sum() + out.valid.sum()
         return jax.lax.scan(body, state, jax.random.split(key, steps))
 
-    return _timed(run, state, jax.random.key(0))
+    return best_time(run, state, jax.random.key(0), repeats=repeats)
 
 
 def main(argv=None):

@@ -34,23 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import atari, mujoco
-from experiments.bench_envs import raw_xla
+from experiments.bench_envs import best_time, raw_xla
 from experiments.cli import build_parser, config_from_args
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.driver import PreferenceRun
 from rlhp_jax.metrics import read_jsonl
 from rlhp_jax.rollout import collect_rollout
 from rlhp_jax.core import clip_action
-
-
-def best_time(fn, *args, repeats=2):
-    jax.block_until_ready(fn(*args))  # compile + warm up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _config(task: str, extra: list[str], out: str):
@@ -134,7 +124,7 @@ def bench_task(task: str, iterations: int, repeats: int, extra: list[str]) -> di
     t_fit = best_time(lambda s, b, k: fit(s, b, k, run.fit_steps)[0].params, ens_state, buffer, key, repeats=1)
     del buffer, pairs
 
-    raw_seconds = raw_xla(env, steps // env.num_envs) if env.xla_ops is not None else None
+    raw_seconds = raw_xla(env, steps // env.num_envs, repeats=repeats) if env.xla_ops is not None else None
 
     # end to end: a short real run (its own directory), iterations 2.. timed from the metrics
     e2e_cfg = dataclasses.replace(cfg, total_steps=steps * iterations, out=os.path.join(tmp, "run"))

@@ -70,7 +70,6 @@ A measurement that fails (envpool not installed, out of memory, ...) becomes a r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import importlib
@@ -88,8 +87,8 @@ import jax
 import jax.numpy as jnp
 
 from experiments import bench_envs
+from experiments.bench_envs import best_time
 from experiments.bench_ensemble import bench as bench_reward_fit
-from experiments.bench_pipeline import best_time
 from rlhp_jax.agents import default_config, make_agent
 from rlhp_jax.core import sample_indices
 from rlhp_jax.ensemble import resolve_member_axis
@@ -211,16 +210,6 @@ def _selected(task: str, tasks: list[str] | None) -> bool:
     return tasks is None or task.lower() in {t.lower() for t in tasks}
 
 
-@contextlib.contextmanager
-def _bench_envs_repeats(repeats: int):
-    """``bench_envs`` times best of its module constant ``REPEATS``: set it for this suite."""
-    saved, bench_envs.REPEATS = bench_envs.REPEATS, max(1, repeats)
-    try:
-        yield
-    finally:
-        bench_envs.REPEATS = saved
-
-
 class _KeyedReset:
     """A view of an env whose ``reset()`` needs no key (``bench_envs.wrapper`` calls it bare,
     as envpool allows; gymnax needs one)."""
@@ -238,8 +227,7 @@ class _KeyedReset:
 # ------------------------------------------------------------------------------------ env
 def _env_rate(task: str, num_envs: int, steps: int, repeats: int) -> dict:
     env = make_env(task, num_envs)
-    with _bench_envs_repeats(repeats):
-        seconds = bench_envs.wrapper(_KeyedReset(env, jax.random.PRNGKey(0)), steps)
+    seconds = bench_envs.wrapper(_KeyedReset(env, jax.random.PRNGKey(0)), steps, repeats=max(1, repeats))
     library = "gymnax" if resolve_task(task).backend == "gymnax" else "envpool"
     return dict(value=steps * num_envs / seconds, unit="env steps/s", task=task, library=library,
                 num_envs=num_envs, steps=steps, seconds=seconds)
