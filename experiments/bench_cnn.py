@@ -33,7 +33,6 @@ import time
 from experiments.bench_ensemble import SPECS, bench
 
 PAIRS, SEG_LEN = 16, 25  # A.2 / Ibarz A.3 minibatch: 16 pairs of 25-step clips
-FRAMES = PAIRS * 2 * SEG_LEN
 
 
 def torch_step_seconds(members: int, noise: bool, steps: int, repeats: int, threads: int,

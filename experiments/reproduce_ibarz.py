@@ -109,10 +109,6 @@ IBARZ_DIFFERENCES = (
 )
 
 
-def setup_of(run: Run) -> Setup:
-    return BY_NAME[run.variant]
-
-
 class IbarzFigure(Figure):
     """Fig. 1: final scores per game x setup x schedule (bars), not curves against RL."""
 

@@ -18,7 +18,7 @@ Christiano et al. 2017, §2.2.3, with the options of Ibarz et al. 2018, A.3:
   label buffer's clips), scaled to ``reward_std`` (1 on MuJoCo-like tasks, 0.05 on Atari).  The
   normalization is for the agent only: a member's own prediction P[σ¹ ≻ σ²] — what query
   selection measures the members' disagreement on (§2.2.4) — is Bradley-Terry on its raw
-  outputs, the scale it was trained at (``predict_preferences``).
+  outputs, the scale it was trained at (``loop.RunParts`` computes it from ``member_rewards``).
 
 One jitted step trains the whole ensemble.  The member axis is ``vmap``ped, walked with
 ``lax.map`` (one member after another inside the same compiled step) or unrolled; which is
@@ -44,7 +44,7 @@ from flax import struct
 
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.compile_cache import jit as program
-from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy, preference_probability,
+from rlhp_jax.preferences import (bradley_terry_loss, is_concrete, preference_accuracy,
                                   segment_returns, target_return_loss)
 from rlhp_jax.core import loop_body_is_slow, missing_like, sample_indices, weight_l2
 from rlhp_jax.reward_models import RewardModelSpec
@@ -286,18 +286,6 @@ class RewardEnsemble:
     def predict_reward(self, state: EnsembleState, obs, action) -> jax.Array:
         """r̂ for flat rows [N, ...] -> [N]: members normalized independently, then averaged."""
         return jnp.mean(self.normalized_member_rewards(state, obs, action), axis=0)
-
-    def predict_preferences(self, state: EnsembleState, pairs: labels_lib.SegmentPairs) -> jax.Array:
-        """[M, P] each member's own P[σ¹ ≻ σ²] (Bradley-Terry on its raw outputs, with the error
-        model), whose variance across members selects queries (§2.2.4)."""
-        obs = standardize(pairs.obs, state.input_mean, state.input_std)
-
-        def one(params, stats):
-            r, _ = self._pair_rewards(params, stats, obs, pairs.action)
-            ret = segment_returns(r)
-            return preference_probability(ret[:, 0], ret[:, 1], self.config.error_rate)
-
-        return over_members(one, self.mode)(state.params, state.batch_stats)
 
     # ------------------------------------------------------------------ training
     def _objective(self, r, mu, true_reward):

@@ -82,9 +82,9 @@ from rlhp_jax.reward_models import reward_model_spec_for
 from rlhp_jax.schedules import initial_rollout_steps, label_schedule
 from rlhp_jax.teachers import OracleTeacher, Teacher, await_answers
 
-# stages of the protocol; a checkpoint's step number is the stage it completed
+# stages of the protocol; a checkpoint's step number is the stage it completed (iteration i, from 1:
+# SECOND_PRETRAIN + i)
 BC, INITIAL, RM_PRETRAIN, SECOND_PRETRAIN = 1, 2, 3, 4
-FIRST_ITERATION = 5
 LABEL_BATCH = 512  # pairs labeled and added in one compiled call (Atari clips: 512 × 2 × 25 frames)
 
 

@@ -128,10 +128,6 @@ def budget(task: str) -> tuple[int, int]:
     return TASK_BUDGETS.get(name, BUDGETS[backend])
 
 
-def default_agent(task: str) -> str:
-    return AGENTS[task_backend(task)[1]]
-
-
 def agent_preset(task: str, agent: str, baseline: bool = False):
     """The agent's config for ``task`` in Christiano's setup: its preset, except that A.1 adds
     TRPO's entropy bonus "when learning from the reward predictor" only (none for the baseline)."""
