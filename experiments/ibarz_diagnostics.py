@@ -41,15 +41,16 @@ def _plt():
 
 
 def _load_run(run_dir: str):
-    from rlhp_jax.config import ibarz_config_from_json
+    """(the run's directory, its ``IbarzConfig``), read and checked by ``runs.read_run_config``;
+    a run of another protocol is a one-line ``ValueError``."""
+    from rlhp_jax.config import IbarzConfig
+    from rlhp_jax.runs import read_run_config
 
-    run = Path(run_dir)
-    if not (run / "config.json").is_file():
-        raise ValueError(f"{run}: no config.json there (is it a run directory?)")
-    saved = json.loads((run / "config.json").read_text())
-    if saved.get("protocol") != "ibarz":
-        raise ValueError(f"{run} is not a run of Ibarz et al.'s protocol (--agent dqfd)")
-    return run, dataclasses.replace(ibarz_config_from_json(saved), out=str(run))
+    cfg = read_run_config(run_dir)
+    if not isinstance(cfg, IbarzConfig):
+        raise ValueError(f"{run_dir} is not a run of Ibarz et al.'s protocol (--agent dqfd): these diagnostics "
+                         "read only such runs")
+    return Path(run_dir), cfg
 
 
 # ---------------------------------------------------------------------------- alignment
