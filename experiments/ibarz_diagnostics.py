@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.cli import add_compile_cache_flag, start_compile_cache
 from rlhp_jax.refusal import refuse
 
 
@@ -292,10 +293,11 @@ def main(argv=None) -> int:
     c = sub.add_parser("compare", help="score curves of several runs on one plot")
     c.add_argument("--runs", nargs="+", required=True)
     c.add_argument("--out", required=True, help="PNG to write (a JSON beside it)")
+    for training in (a, n, f):  # the commands that compile: a second call loads the programs
+        add_compile_cache_flag(training)
     args = p.parse_args(argv)
-    from rlhp_jax.checkpoint import CheckpointError
-    from rlhp_jax.demos import DemoError
-
+    if hasattr(args, "no_compile_cache"):
+        start_compile_cache(args)
     try:
         if args.cmd == "alignment":
             res = alignment(args.run, args.steps, args.epsilon, args.seed)
@@ -313,7 +315,7 @@ def main(argv=None) -> int:
         else:
             res = frozen(args.run, args.out, args.steps, not args.no_progress)
             print(f"wrote {Path(res['out']) / 'reward_hacking.png'}")
-    except (ValueError, OSError, CheckpointError, DemoError) as e:
+    except (ValueError, OSError) as e:  # a CheckpointError and a DemoError are ValueErrors
         return refuse(e)
     print(json.dumps(res, indent=2))
     return 0
