@@ -51,6 +51,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rlhp_jax.metrics import read_jsonl
+from rlhp_jax.refusal import refuse
 
 # JAX's compile log (JAX_LOG_COMPILES=1), one pattern per stage: (program, seconds)
 STAGES = {
@@ -156,7 +157,7 @@ def table(b: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE", default=None, help="also write the breakdown as JSON")
     p.add_argument("--imports", action="store_true",
@@ -195,10 +196,10 @@ def main(argv=None):
     proc.wait()
     process_s, ended = time.perf_counter() - t0, time.time()
     if proc.returncode != 0:
-        sys.exit(f"the run failed (exit {proc.returncode}); nothing to profile")
+        return refuse(f"the run failed (exit {proc.returncode}); nothing to profile")
     rows, wall_before = rows_added(before, read_jsonl(metrics))
     if not rows:
-        sys.exit(f"the run added no iterations to {metrics} (already finished?); nothing to profile")
+        return refuse(f"the run added no iterations to {metrics} (already finished?); nothing to profile")
     # the last row's write is the loop's end: what the process did after it is its finish
     b = breakdown(rows, process_s, wall_before, finish_s=min(max(ended - metrics.stat().st_mtime, 0.0), process_s))
     b["programs"] = programs(log)
@@ -210,7 +211,8 @@ def main(argv=None):
         Path(a.json).write_text(json.dumps(b, indent=1))
     if tmp is not None:
         tmp.cleanup()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

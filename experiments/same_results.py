@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from rlhp_jax.metrics import read_jsonl
+from rlhp_jax.refusal import refuse
 
 RUNS = {
     "CartPole-ppo-50labels": ["experiments.classic", "--env", "CartPole-v1", "--labels", "50", "--steps", "16384"],
@@ -76,15 +77,20 @@ def main(argv=None) -> int:
     p.add_argument("--check", default=None, help="digests.json of an earlier version to compare with")
     p.add_argument("--only", nargs="*", default=None, choices=sorted(RUNS), help="a subset of the runs")
     args = p.parse_args(argv)
+    if args.check is not None and not Path(args.check).is_file():
+        return refuse(f"--check {args.check}: no such file (the digests.json an earlier --out holds)")
     out = Path(args.out)
+    names = [name for name in RUNS if not args.only or name in args.only]
+    if held := [name for name in names if (out / name).exists()]:
+        return refuse(f"{out} already holds the runs {', '.join(held)} of an earlier check: choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, cmd in RUNS.items():
-        if args.only and name not in args.only:
-            continue
+    for name in names:
         run_dir = out / name
-        subprocess.run([sys.executable, "-m", *cmd, "--seed", "0", "--out", str(run_dir), "--no-progress"],
-                       check=True, stdout=subprocess.DEVNULL)
+        proc = subprocess.run([sys.executable, "-m", *RUNS[name], "--seed", "0", "--out", str(run_dir), "--no-progress"],
+                              stdout=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            return refuse(f"the run {name} failed (exit {proc.returncode}; what it said is above)")
         rows = read_rows(run_dir)
         results[name] = dict(digest=digest(rows), rows=rows)
         print(f"{name:28s} {results[name]['digest']}  ({len(rows)} rows; last true_return "

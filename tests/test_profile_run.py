@@ -90,3 +90,26 @@ def test_imports_lists_the_slow_top_level_ones_slowest_first():
     b = dict(breakdown(ROWS, process_s=10.0), imports=imports(IMPORTS))
     assert "(top level, any thread, with what they import): torch 1.34 s, tensorboardX 0.62 s" in table(b)
     assert "imports of" not in table(breakdown(ROWS, process_s=10.0))  # only when asked for
+
+
+def test_a_run_that_fails_is_refused_in_one_line(capsys):
+    """The run's own error goes to the screen; the profiler says, as every command does, that
+    there is nothing to profile (``error:``, exit 2), not a SystemExit message with exit 1."""
+    from experiments.profile_run import main
+
+    assert main(["experiments.classic", "--env", "Nope"]) == 2
+    err = capsys.readouterr().err
+    assert "error: the run failed (exit 2); nothing to profile" in err and "Traceback" not in err
+
+
+def test_same_results_refuses_an_earlier_check_s_directory_and_a_missing_digest_file(tmp_path, capsys):
+    """A second check into the same --out used to end in CalledProcessError's traceback (the run
+    refuses its existing directory); nothing runs now."""
+    from experiments.same_results import main
+
+    (tmp_path / "CartPole-ppo-baseline").mkdir()
+    assert main(["--out", str(tmp_path), "--only", "CartPole-ppo-baseline"]) == 2
+    assert main(["--out", str(tmp_path / "new"), "--check", str(tmp_path / "nowhere.json")]) == 2
+    err = capsys.readouterr().err
+    assert "holds the runs CartPole-ppo-baseline of an earlier check" in err and "--check" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["CartPole-ppo-baseline"]
