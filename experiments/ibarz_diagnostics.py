@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.cli import add_compile_cache_flag, start_compile_cache
+from rlhp_jax.files import write_atomic
 from rlhp_jax.refusal import refuse
 
 
@@ -66,6 +67,7 @@ def alignment(run_dir: str, steps: int, epsilon: float, seed: int = 1) -> dict:
     import jax.numpy as jnp
 
     from rlhp_jax.ibarz import IbarzRun, load_models
+    from rlhp_jax.metrics import save_png
 
     run, cfg = _load_run(run_dir)
     if not cfg.uses_reward_model:
@@ -100,16 +102,16 @@ def alignment(run_dir: str, steps: int, epsilon: float, seed: int = 1) -> dict:
         ax.grid(alpha=0.3)
     fig.suptitle(f"{cfg.env}: true vs learned reward, final policy and reward model of {run.name}")
     fig.tight_layout()
-    fig.savefig(run / "alignment.png", dpi=110)
+    save_png(fig, run / "alignment.png")
     plt.close(fig)
-    (run / "alignment.json").write_text(json.dumps(result))
+    write_atomic(run / "alignment.json", json.dumps(result))
     return {k: v for k, v in result.items() if not k.startswith("windows")} | {
         f"correlation_{w}": result[f"windows_{w}"]["correlation"] for w in (25, 1000)}
 
 
 # ---------------------------------------------------------------------------- loss vs bound
 def loss_plot(run_dir: str) -> dict:
-    from rlhp_jax.metrics import read_jsonl
+    from rlhp_jax.metrics import read_jsonl, save_png
 
     run, cfg = _load_run(run_dir)
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("rm_loss") is not None]
@@ -127,13 +129,13 @@ def loss_plot(run_dir: str) -> dict:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(run / "reward_model_loss.png", dpi=110)
+    save_png(fig, run / "reward_model_loss.png")
     plt.close(fig)
     last = rows[-1]
     result = dict(run=str(run), final_loss=last["rm_loss"], final_val_loss=last.get("rm_val_loss"),
                   final_bound=last["label_entropy_bound"],
                   final_ratio=last["rm_loss"] / max(last["label_entropy_bound"], 1e-9))
-    (run / "reward_model_loss.json").write_text(json.dumps(result))
+    write_atomic(run / "reward_model_loss.json", json.dumps(result))
     return result
 
 
@@ -151,7 +153,7 @@ def _domain_for(env: str):
 def label_noise(rates: list[float], out: str, training: list[str], progress: bool) -> dict:
     from experiments.cli import build_parser, ibarz_config_from_args
     from rlhp_jax.ibarz import IbarzRun
-    from rlhp_jax.metrics import read_jsonl
+    from rlhp_jax.metrics import read_jsonl, save_png
 
     if not rates or any(not 0.0 <= r <= 0.5 for r in rates):
         raise ValueError(f"--rates must be mistake probabilities in [0, 0.5], got {rates}")
@@ -193,18 +195,18 @@ def label_noise(rates: list[float], out: str, training: list[str], progress: boo
         a.grid(alpha=0.3)
     fig.suptitle(f"{env}: effect of label noise (synthetic oracle)")
     fig.tight_layout()
-    fig.savefig(root / "label_noise.png", dpi=110)
+    save_png(fig, root / "label_noise.png")
     plt.close(fig)
     out_json = {str(k): dict(final_episode_return=v["summary"]["final_episode_return"], run=v["summary"].get("env"),
                              curve=v["curve"]) for k, v in results.items()}
-    (root / "label_noise.json").write_text(json.dumps(out_json))
+    write_atomic(root / "label_noise.json", json.dumps(out_json))
     return {str(k): v["final_episode_return"] for k, v in out_json.items()}
 
 
 # ---------------------------------------------------------------------------- frozen reward model
 def frozen(run_dir: str, out: str | None, steps: int | None, progress: bool) -> dict:
     from rlhp_jax.ibarz import IbarzRun
-    from rlhp_jax.metrics import read_jsonl
+    from rlhp_jax.metrics import read_jsonl, save_png
 
     run, cfg = _load_run(run_dir)
     if not cfg.learns_rewards:
@@ -227,11 +229,11 @@ def frozen(run_dir: str, out: str | None, steps: int | None, progress: bool) -> 
     ax.grid(alpha=0.3)
     ax.set_title(f"{cfg.env}: training on a frozen reward model (from {run.name})")
     fig.tight_layout()
-    fig.savefig(target / "reward_hacking.png", dpi=110)
+    save_png(fig, target / "reward_hacking.png")
     plt.close(fig)
     result = dict(summary=summary, true_reward_per_1000=[r.get("true_reward_per_1000") for r in rows],
                   model_reward_per_1000=[r.get("model_reward_per_1000") for r in rows], env_steps=x)
-    (target / "reward_hacking.json").write_text(json.dumps(result))
+    write_atomic(target / "reward_hacking.json", json.dumps(result))
     return dict(out=str(target), final_episode_return=summary["final_episode_return"])
 
 

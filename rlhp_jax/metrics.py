@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -13,6 +14,8 @@ from typing import Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from rlhp_jax.files import write_atomic
 
 
 def segment_return_correlation(predicted: jax.Array, true: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -30,12 +33,16 @@ class MetricsWriter:
     """Appends one JSON object per line and flushes it, so a crash loses at most the current row.
 
     A CSV with the union of all columns seen is rewritten by ``close`` (and ``write_csv``).
+    Without ``append`` the file starts empty, as a new file of its own: a symlink left at its
+    name (a run directory someone else made) is replaced, and what it pointed at is never truncated.
     """
 
     def __init__(self, path: str | os.PathLike, append: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        if not append:
+            write_atomic(self.path, b"")
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
         clean = {k: _jsonable(v) for k, v in row.items()}
@@ -71,14 +78,17 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 def write_csv(rows: Iterable[dict], path: str | os.PathLike) -> None:
+    """``rows`` as a CSV with the union of their columns, written whole (``files.write_atomic``: a
+    symlink at ``path`` is replaced, never written through)."""
     rows = list(rows)
     columns: list[str] = []
     for r in rows:
         columns.extend(k for k in r if k not in columns)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=columns)
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(path, text.getvalue())
 
 
 def finite_or_none(x) -> float | None:
@@ -189,7 +199,7 @@ def plot_learning_curve(rows: list[dict], path: str | os.PathLike, title: str = 
 
 
 def _save_figure(fig, axes, title: str, path) -> Path:
-    """Engineering-notation step axes, the title, a tight layout; write the PNG and close."""
+    """Engineering-notation step axes, the title, a tight layout; write the PNG (``save_png``) and close."""
     from matplotlib.ticker import EngFormatter
 
     plt = pyplot()
@@ -199,10 +209,16 @@ def _save_figure(fig, axes, title: str, path) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
+    path = save_png(fig, path)
     plt.close(fig)
     return path
+
+
+def save_png(fig, path: str | os.PathLike, dpi: int = 110) -> Path:
+    """Write a matplotlib figure as a PNG at ``path``, whole or not at all (``files.write_atomic``):
+    a plot written into a run directory replaces a symlink left at its name, never the file it
+    points at."""
+    return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
 
 
 def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -122,3 +124,34 @@ def test_tensorboard_writer_imports_neither_torch_nor_boto3(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[:2] == ["False Deferred", "stand-in torch stand-in boto3"], out.stdout
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_a_run_s_outputs_replace_a_planted_symlink_never_write_through_it(tmp_path):
+    """A run directory someone else made may hold symlinks where a run writes its outputs
+    (``metrics.jsonl``, ``metrics.csv``, ``learning_curve.png``, a sweep's ``curves.png``): a
+    ``--resume`` of it, or a sweep started again there, replaces each link by a file of the run
+    and leaves the file it pointed at as it was (it used to write the CSV and the plot through
+    the links, and truncate a fresh metrics.jsonl's target)."""
+    from rlhp_jax.metrics import MetricsWriter, plot_learning_curve, plot_sweep
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    names = ("metrics.jsonl", "metrics.csv", "learning_curve.png", "curves.png")
+    for name in names:
+        (elsewhere / name).write_text(f"someone's {name}")
+        (run / name).symlink_to(elsewhere / name)
+    rows = [dict(iteration=i, env_steps=1000 * i, true_return=float(i), labels=0) for i in (1, 2)]
+    writer = MetricsWriter(run / "metrics.jsonl")  # a fresh start there (a sweep started again)
+    for row in rows:
+        writer.write(row)
+    writer.close()  # writes metrics.csv
+    plot_learning_curve(rows, run / "learning_curve.png")
+    curves = {k: np.ones((1, 2)) for k in ("eval_return", "true_return", "reward_correlation")}
+    plot_sweep({"a": curves}, np.array([1000, 2000]),
+               run / "curves.png")
+    for name in names:
+        assert (elsewhere / name).read_text() == f"someone's {name}", name
+        assert not (run / name).is_symlink() and (run / name).stat().st_size > 0, name
+    assert [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert (run / "metrics.csv").read_text().startswith("iteration,env_steps,true_return,labels")
