@@ -28,6 +28,7 @@ from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_
 from rlhp_jax.config_fields import describe, is_sweep_config
 from rlhp_jax.files import remove_stale_temporaries, write_atomic
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
+from rlhp_jax.refusal import check_out_directory  # its home; imported from here by the commands too
 
 
 def read_run_config(run_dir: str | Path):
@@ -62,19 +63,6 @@ def read_run_config(run_dir: str | Path):
     except (ValueError, RecursionError) as e:
         raise not_runnable(e) from None
     return dataclasses.replace(cfg, out=str(run_dir))
-
-
-def check_out_directory(out, flag: str = "--out") -> None:
-    """Refuses an output path that cannot become a directory: an existing file, or a path below
-    one (``--out /etc/passwd``), naming the path in the way and the ``flag`` that gave it, instead
-    of the OS's ``[Errno 17] File exists`` from deep inside the checkpointer or a grid's launch."""
-    out = Path(out)
-    for path in (out, *out.parents):
-        if path.exists():
-            if not path.is_dir():
-                where = "is a file" if path == out else f"lies below {path}, which is a file"
-                raise ValueError(f"{flag} {out} {where}, not a directory: choose another {flag}.")
-            return
 
 
 @contextlib.contextmanager

@@ -109,6 +109,31 @@ def test_an_out_that_is_a_file_is_refused_naming_it(below, capsys, tmp_path, no_
     check_out_directory(tmp_path / "new" / "run")  # a path yet to be made is fine
 
 
+
+def test_a_data_file_below_a_file_is_refused_before_any_work(capsys, tmp_path):
+    """A data file's ``--out`` below an existing file (``notes.txt/demo.npz``) is refused with the
+    other checks of its path, before anything is recorded or rendered: it used to pass them and
+    fail only when the file was written (the render command with a traceback; a demo recording,
+    perhaps an hour of a person's play, was lost at its save)."""
+    from rlhp_jax.human.__main__ import main as human
+    from rlhp_jax.human.store import LabelStore
+    from rlhp_jax.refusal import check_new_file
+    from rlhp_jax.render.__main__ import main as render
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine")
+    LabelStore(tmp_path / "run").close()
+    before = snapshot(tmp_path)
+    for argv, run in ((["--env", "CartPole-v1", "--steps", "2", "--out", str(blocker / "clip.mp4")], render),
+                      (["record", "--run", str(tmp_path / "run"), "--out", str(blocker / "d.npz")], demos_cli.main),
+                      (["export", "--run", str(tmp_path / "run"), "--out", str(blocker / "x" / "l.jsonl")], human)):
+        assert run(argv) == 2
+        assert f"lies below {blocker}, which is a file" in error_line(capsys.readouterr().err)
+    with pytest.raises(ValueError, match=f"--out {blocker}/d.npz lies below {blocker}, which is a file"):
+        D.new_demo_path(blocker / "d")  # what the play page and the MinAtar demonstrator record into
+    assert snapshot(tmp_path) == before
+    assert check_new_file(tmp_path / "new" / "d.npz", False) == tmp_path / "new" / "d.npz"  # a folder yet to be made
+
 def test_agent_config_overrides_reach_the_dqfd_agent(tmp_path):
     args = build_parser(classic.DOMAIN).parse_args(["--agent", "dqfd", "--demos", "x.npz", "--agent-config",
                                                     "lr=1e-4", "hidden_sizes=[32]", "--out", str(tmp_path)])
