@@ -261,32 +261,42 @@ def _setting_name(setting: dict, reward_source: str, labels) -> str:
 
 def compare(dirs: list[str], out: Path) -> dict:
     """Finished sweeps on one figure: every setting of every sweep as a band (mean ± std over its
-    seeds), read back from their ``metrics.jsonl`` and ``summary.json``.  Writes ``compare.png``."""
+    seeds), read back from their ``metrics.jsonl`` and ``summary.json``.  Writes ``compare.png``.
+    A directory whose files are not what a sweep writes is a ValueError naming it."""
+    from rlhp_jax.config_fields import config_object
     from rlhp_jax.metrics import SWEEP_PANELS, plot_sweep, read_jsonl
 
     groups, steps, envs = {}, None, set()
     for d in map(Path, dirs):
         if not (d / "summary.json").exists() or not (d / "metrics.jsonl").exists():
             raise ValueError(f"{d} holds no finished sweep (summary.json and metrics.jsonl); run the sweep first.")
-        summary = json.loads((d / "summary.json").read_text())
-        config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
-        envs.add(summary["env"])
-        rows = read_jsonl(d / "metrics.jsonl")
-        for entry in summary["settings"]:
-            setting = entry["setting"]
-            mine = [r for r in rows if all(r.get(k) == v for k, v in setting.items())]
-            seeds = sorted({r["seed"] for r in mine})
-            iters = sorted({r["iteration"] for r in mine})
-            table = {(r["seed"], r["iteration"]): r for r in mine}
-            grid = lambda key: np.array([[np.nan if table[(s, i)].get(key) is None else table[(s, i)][key]
-                                          for i in iters] for s in seeds], np.float64)
-            these = np.asarray([table[(seeds[0], i)]["env_steps"] for i in iters])
-            if steps is not None and not np.array_equal(these, steps):
-                raise ValueError(f"{d} ran a different number of steps per iteration or in all than {dirs[0]}; "
-                                 "only sweeps of the same length can share a figure.")
-            steps = these
-            label = _setting_name(setting, config.get("reward_source", "model"), config.get("labels"))
-            groups[f"{d.name}: {label}"] = {key: grid(key) for key, _ in SWEEP_PANELS}
+        config = config_object(d) or {}  # it only names the settings
+        try:
+            summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+            envs.add(summary["env"])
+            rows = read_jsonl(d / "metrics.jsonl")
+            for entry in summary["settings"]:
+                setting = entry["setting"]
+                mine = [r for r in rows if all(r.get(k) == v for k, v in setting.items())]
+                if not mine:
+                    raise ValueError(f"{d}: its metrics.jsonl holds no row of the setting {setting} that its "
+                                     "summary.json names (not the files of one finished sweep)")
+                seeds = sorted({r["seed"] for r in mine})
+                iters = sorted({r["iteration"] for r in mine})
+                table = {(r["seed"], r["iteration"]): r for r in mine}
+                grid = lambda key: np.array([[np.nan if table[(s, i)].get(key) is None else table[(s, i)][key]
+                                              for i in iters] for s in seeds], np.float64)
+                these = np.asarray([table[(seeds[0], i)]["env_steps"] for i in iters])
+                if steps is not None and not np.array_equal(these, steps):
+                    raise ValueError(f"{d} ran a different number of steps per iteration or in all than {dirs[0]}; "
+                                     "only sweeps of the same length can share a figure.")
+                steps = these
+                label = _setting_name(setting, config.get("reward_source", "model"), config.get("labels"))
+                groups[f"{d.name}: {label}"] = {key: grid(key) for key, _ in SWEEP_PANELS}
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError, IndexError,
+                AttributeError) as e:  # a damaged or hand-made file
+            raise ValueError(f"{d} holds no sweep this version can draw: its summary.json or metrics.jsonl is not "
+                             f"what a sweep writes ({type(e).__name__}: {' '.join(str(e).split())[:80]})") from None
     if len(envs) > 1:
         raise ValueError(f"the sweeps are of different tasks ({', '.join(sorted(envs))}); compare one task at a time.")
     from rlhp_jax.runs import check_out_directory

@@ -293,3 +293,25 @@ def test_sweep_compare_draws_finished_sweeps(tmp_path):
         sweep.run(["--compare", str(tmp_path / "prefs"), str(tmp_path / "longer"), "--out", str(tmp_path / "y")])
     with pytest.raises(ValueError, match="no finished sweep"):
         sweep.run(["--compare", str(tmp_path / "missing"), "--out", str(tmp_path / "z")])
+
+
+@pytest.mark.parametrize("file, content", [
+    ("summary.json", "{}"), ("summary.json", "[1, 2]"), ("summary.json", '{"env": "CartPole-v1", "settings": 5}'),
+    ("summary.json", '{"env": "CartPole-v1", "settings": [{"setting": {"lr": 0.1}}]}'), ("summary.json", "{"),
+    ("metrics.jsonl", '{"iteration": 1}\n'), ("config.json", "[1]"), ("config.json", "\udcff")])
+def test_sweep_compare_refuses_a_damaged_sweep_in_one_line(tmp_path, capsys, file, content):
+    """A finished sweep's summary.json, metrics.jsonl or config.json damaged, or of another shape, is one
+    line naming the directory or file, exit status 2, nothing drawn: it was a traceback (KeyError,
+    TypeError, IndexError, AttributeError), or a JSON error naming no file."""
+    from experiments import sweep
+
+    _fake_sweep(tmp_path / "prefs", "CartPole-v1", "model")
+    (tmp_path / "prefs" / file).write_bytes(content.encode("utf-8", "surrogateescape"))
+    assert sweep.main(["--compare", str(tmp_path / "prefs"), "--out", str(tmp_path / "cmp")]) in (0, 2)
+    err = capsys.readouterr().err
+    if file == "config.json":  # read only for a setting's name: the sweep is still drawn
+        assert err == "" and (tmp_path / "cmp" / "compare.png").exists()
+        return
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'prefs'}") and "Traceback" not in err, err
+    assert not (tmp_path / "cmp").exists()
