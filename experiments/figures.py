@@ -29,8 +29,7 @@ from experiments import grid as grid_lib
 from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
                               return_digits, run_dir, run_metrics, steps_label)
 from rlhp_jax.files import write_atomic
-from rlhp_jax.refusal import refuse
-from rlhp_jax.runs import check_out_directory
+from rlhp_jax.refusal import check_new_file, check_out_directory, refuse
 
 TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
 WARMUP_ITERATIONS = 3  # iterations the wall-time estimate's warm-up runs (the first is start-up)
@@ -212,21 +211,34 @@ class Figure:
         ]
         return "\n".join(lines)
 
+    def read_results(self, results_md_path) -> tuple[str, int, int]:
+        """``results_md_path``'s text (empty where there is no file yet) and where its table's
+        markers begin and end (-1 and -1 where it has none).  GridError where the section cannot be
+        written there: a directory, a path below a file, a file that is not UTF-8 text, markers
+        not each once and in order.  ``main`` asks before any run of the grid starts."""
+        begin_mark, end_mark = self.table_begin, self.table_end
+        try:  # (a table is derived: an existing file is rewritten, outside its markers as it was)
+            path = check_new_file(results_md_path, overwrite=True, flag="--results-md")
+            text = path.read_text(encoding="utf-8") if path.exists() else ""
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            raise GridError(f"--results-md {results_md_path}: {' '.join(str(e).split())[:120]}") from None
+        begin, end = text.find(begin_mark), text.find(end_mark)
+        if (begin == -1) != (end == -1) or end < begin or text.count(begin_mark) > 1 or text.count(end_mark) > 1:
+            raise GridError(f"{path}: the markers {begin_mark} and {end_mark} must each appear once, in that order")
+        return text, begin, end
+
     def write_results_section(self, results_md_path, markdown: str) -> None:
         """Put ``markdown`` between the table markers of ``results_md_path``, leaving everything
         outside them as it was; without markers, append a new section holding them.  Written
         atomically (``files.write_atomic``) so a crash never leaves it half written."""
         begin_mark, end_mark = self.table_begin, self.table_end
         path = Path(results_md_path)
-        text = path.read_text(encoding="utf-8") if path.exists() else ""
-        begin, end = text.find(begin_mark), text.find(end_mark)
+        text, begin, end = self.read_results(path)
         block = f"{begin_mark}\n{markdown.strip()}\n{end_mark}"
-        if begin == -1 and end == -1:
+        if begin == -1:
             while text and not text.endswith("\n\n"):  # one blank line before the new section
                 text += "\n"
             new = f"{text}{self.section_title}\n\n{block}\n"
-        elif begin == -1 or end == -1 or end < begin or text.count(begin_mark) > 1 or text.count(end_mark) > 1:
-            raise GridError(f"{path}: the markers {begin_mark} and {end_mark} must each appear once, in that order")
         else:
             new = text[:begin] + block + text[end + len(end_mark):]
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -470,6 +482,8 @@ class Figure:
         try:
             self.check_args(args)
             check_out_directory(root, "--root")
+            check_out_directory(docs, "--docs")  # where the figures and the table go: known before hours of runs
+            self.read_results(args.results_md)
             runs = ordered(self.runs(args, steps_for), args.tasks, args.order)
             if args.run_args:
                 self.check_run_args(runs[0], root)

@@ -456,6 +456,44 @@ def test_plot_only_over_a_root_without_runs_refuses_and_keeps_the_results(grid, 
     assert not Path(argv[argv.index("--docs") + 1]).exists()
 
 
+
+@pytest.mark.parametrize("flag, kind", [("--docs", "file"), ("--docs", "below_a_file"), ("--docs", "directory"),
+                                        ("--results-md", "directory"), ("--results-md", "below_a_file"),
+                                        ("--results-md", "broken_markers"), ("--results-md", "not_utf8"),
+                                        ("--results-md", "file")])
+def test_outputs_that_cannot_be_written_stop_the_grid_before_any_run(grid, capsys, tmp_path, flag, kind):
+    """Where the figures (--docs) or the table (--results-md) cannot go -- a --docs that is a file,
+    a --results-md that is a directory, either below a file, a results.md with broken markers or
+    not UTF-8 -- the grid is refused before any run starts, in one line, every file as it was.  It
+    used to run the whole grid (hours) and then fail at the end, with a traceback for all but the
+    markers."""
+    root, argv, fake = grid
+    target = tmp_path / "target"
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "file":
+        target.write_text("mine")
+    elif kind == "below_a_file":
+        (tmp_path / "notes.txt").write_text("mine")
+        target = tmp_path / "notes.txt" / "results.md"
+    elif kind == "broken_markers":
+        target.write_text(f"mine\n{rm.TABLE_END}\n{rm.TABLE_BEGIN}\n")
+    else:
+        target.write_bytes(b"# R\xe9sultats\n")
+    fine = (flag, kind) in (("--docs", "directory"), ("--results-md", "file"))  # a folder; a Markdown file
+    argv = list(argv)
+    argv[argv.index(flag) + 1] = str(target)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    code = rm.main(argv + ["--tasks", "Swimmer", "--seeds", "1", "--labels", "700"])
+    err = capsys.readouterr().err
+    if fine:
+        assert code == 0, err
+        return
+    assert code == 2 and fake.calls == [] and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(target) in lines[0], err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
 def test_seed_curves_smooth_over_five_points_and_cut_to_the_common_prefix(tmp_path):
     write_run(tmp_path, "Hopper", 700, 0, returns=[0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0])
     write_run(tmp_path, "Hopper", 700, 1, returns=[5.0] * 6, finished=False)
