@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         out = new_demo_path(args.out, args.overwrite)
         rec = record_policy(make_env(ENV, 1), minatar_tracker, jax.random.PRNGKey(args.seed), episodes=args.episodes,
                             max_steps=args.max_steps, source="tracker")
-        save_recording(rec, out)
+        save_recording(rec, out, args.overwrite)
         return 0
     except (DemoError, ValueError, OSError) as e:
         return refuse(e)

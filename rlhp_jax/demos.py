@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -257,12 +258,13 @@ class DemoRecorder:
             out["rewards"] = rewards
         return out
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the set atomically (temporary file, fsync, rename); refuses an empty set."""
+    def save(self, path: str | os.PathLike, overwrite: bool = True) -> Path:
+        """Write the set atomically (temporary file, fsync, rename); refuses an empty set.
+        ``overwrite=False``: never over a file at ``path`` (:func:`save_arrays`).  Returns the path written."""
         arrays = self.arrays()
         if arrays["actions"].size == 0:
             raise DemoError("no steps were recorded: nothing to save")
-        return save_arrays(path, arrays)
+        return save_arrays(path, arrays, overwrite=overwrite)
 
 
 def npz_path(path: str | os.PathLike) -> Path:
@@ -278,11 +280,23 @@ def new_demo_path(out: str | os.PathLike, overwrite: bool = False) -> Path:
     return check_new_file(npz_path(out), overwrite)
 
 
-def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: bool = True) -> Path:
-    """Write an ``.npz`` atomically and durably (``files.write_atomic``)."""
-    path = npz_path(path)
+def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: bool = True,
+                overwrite: bool = True) -> Path:
+    """Write an ``.npz`` atomically and durably (``files.write_atomic``); returns the path written.
+
+    ``overwrite=False`` (a recording whose ``--out`` was found new when it began, perhaps an hour
+    ago): a file that is at ``path`` by now, another session's written meanwhile, is kept, and the
+    arrays go beside it under the first free name, ``NAME-2.npz``, ``NAME-3.npz``, …"""
+    path = target = npz_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(path, lambda f: (np.savez_compressed if compressed else np.savez)(f, **arrays))
+    write = lambda f: (np.savez_compressed if compressed else np.savez)(f, **arrays)
+    if overwrite:
+        return write_atomic(path, write)
+    for n in itertools.count(2):
+        try:
+            return write_atomic(target, write, replace=False)
+        except FileExistsError:
+            target = path.with_name(f"{path.stem}-{n}{path.suffix}")
 
 
 # ---------------------------------------------------------------------------- reading

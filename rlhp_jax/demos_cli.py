@@ -19,9 +19,10 @@ from rlhp_jax.demos import DemoError, describe, new_demo_path, read_demos, recor
 from rlhp_jax.refusal import refuse
 
 
-def save_recording(rec, out) -> None:
-    """Write a ``DemoRecorder``'s demonstrations to ``out`` and print what the file holds."""
-    path = rec.save(out)
+def save_recording(rec, out, overwrite: bool = False) -> None:
+    """Write a ``DemoRecorder``'s demonstrations to ``out`` and print what the file holds: never over
+    a file written there since ``out`` was checked, unless ``overwrite`` (``demos.save_arrays``)."""
+    path = rec.save(out, overwrite=overwrite)
     print(json.dumps(describe(read_demos(path)), indent=2, ensure_ascii=False))
     print(f"demonstrations written to {path}")
 
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
         rec = record_policy(env, act, jax.random.PRNGKey(args.seed), episodes=args.episodes, max_steps=args.max_steps,
                             source=f"policy:{run}", progress=progress)
         bar.close()
-        save_recording(rec, out)
+        save_recording(rec, out, args.overwrite)
         return 0
     except (DemoError, ValueError, OSError) as e:
         return refuse(e)

@@ -15,6 +15,7 @@ names its writer's process id (:func:`temporary_path`), so a run that takes its 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Callable
@@ -75,9 +76,12 @@ def _alive(pid: int) -> bool:
 
 
 def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO[bytes]], None], *,
-                 durable: bool = True) -> Path:
+                 durable: bool = True, replace: bool = True) -> Path:
     """Replace ``path`` by ``content`` in one step: bytes, text (UTF-8), or a function that writes
-    the open binary file.  Returns ``path``; the parent directory must exist."""
+    the open binary file.  Returns ``path``; the parent directory must exist.  ``replace=False``:
+    the file is only ever placed where nothing is (a data file the command found new when it
+    started, which another process may have written since): ``FileExistsError`` otherwise, and
+    what is there (a file, a directory, a symlink) is left as it was."""
     path = Path(path)
     tmp = temporary_path(path)
     try:
@@ -89,10 +93,28 @@ def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO[by
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _place_new(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if durable:
         fsync_dir(path.parent)
     return path
+
+
+def _place_new(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path`` unless something is at ``path`` (``FileExistsError``): a hard link,
+    which the kernel refuses to make over any existing name, then the temporary name removed."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: the check and the rename, a moment apart
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)

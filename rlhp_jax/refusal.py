@@ -49,6 +49,6 @@ def check_new_file(path: str | os.PathLike, overwrite: bool, flag: str = "--out"
         raise ValueError(f"{flag} {path} lies below {blocker}, which is a file: choose another {flag}.")
     if path.is_dir():
         raise ValueError(f"{path} is a directory; {flag} names the file to write")
-    if path.exists() and not overwrite:
+    if (path.exists() or path.is_symlink()) and not overwrite:  # a link, even one to nothing, is someone's
         raise ValueError(f"{path} already exists: choose another {flag}, or pass --overwrite to replace it")
     return path

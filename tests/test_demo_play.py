@@ -281,6 +281,42 @@ def test_a_minatar_game_is_played_and_saved(serve, tmp_path):
     assert d.meta["obs_dtype"] == "float32" and d.meta["fps"] == 60
 
 
+
+def test_a_file_written_at_out_meanwhile_is_kept_and_the_demos_saved_beside_it(tmp_path):
+    """Two sessions given one --out (two terminals, a command run again) both pass the check that
+    it is new when they start; the one that saves second used to replace the other's demos, a
+    person's whole session.  Now the file found there is kept, the demos go beside it under the
+    first free name, which the session reports, and its later saves replace only that file."""
+    def record(session, steps):
+        session.set_keys(["right"])
+        deadline = time.monotonic() + 10
+        while session.status()["steps"] < steps:
+            assert time.monotonic() < deadline, session.status()
+            time.sleep(0.02)
+
+    link = tmp_path / "link.npz"  # and where only a link to nothing is, no session starts
+    link.symlink_to(tmp_path / "nowhere.npz")
+    with pytest.raises(ValueError, match="already exists"):
+        demos_lib.new_demo_path(link)
+    link.unlink()
+    out = tmp_path / "pong.npz"
+    session = play.PlaySession("Pong", out, env=FakeAtari(length=10**6), fps=60, stop_after_save=False)
+    session.start()
+    try:
+        record(session, 3)
+        out.write_bytes(b"another session's demos")  # saved by a second session meanwhile
+        saved = session.save()
+        assert out.read_bytes() == b"another session's demos"
+        assert saved["path"] == str(tmp_path / "pong-2.npz") and saved["path"] in session.summary()
+        assert demos_lib.load_demos(saved["path"], session.env).num_steps == saved["steps"] >= 3
+        record(session, saved["steps"] + 3)
+        again = session.save()
+        assert again["path"] == saved["path"] and again["steps"] >= saved["steps"] + 3
+        assert demos_lib.load_demos(again["path"], session.env).num_steps == again["steps"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["pong-2.npz", "pong.npz"]
+    finally:
+        session.close()
+
 def test_a_silent_page_pauses_the_game(serve, tmp_path):
     session = play.PlaySession("Pong", tmp_path / "idle.npz", env=FakeAtari(length=10**6), fps=30,
                                idle_pause_s=0.3)

@@ -31,6 +31,27 @@ def test_the_new_content_replaces_the_old_and_nothing_else_is_left(tmp_path, con
     assert os.listdir(tmp_path) == ["f.json"]
 
 
+
+@pytest.mark.parametrize("there", ["file", "symlink", "dangling_symlink", "directory"])
+def test_a_new_file_is_never_placed_over_one_that_appeared_meanwhile(tmp_path, there):
+    """``replace=False`` (a data file a command checked was new when it started, perhaps an hour of
+    play ago): whatever appeared at the name meanwhile (another session's demos, a link) is left
+    as it was, FileExistsError is raised and no temporary file is left; an absent name is written."""
+    path, other = tmp_path / "demos.npz", tmp_path / "other.npz"
+    other.write_bytes(b"someone's")
+    if there == "file":
+        path.write_bytes(b"appeared meanwhile")
+    elif there == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to(other if there == "symlink" else tmp_path / "nowhere")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(FileExistsError):
+        write_atomic(path, b"new", replace=False)
+    assert sorted(os.listdir(tmp_path)) == before and other.read_bytes() == b"someone's"
+    assert there != "file" or path.read_bytes() == b"appeared meanwhile"
+    assert write_atomic(tmp_path / "new.npz", b"new", replace=False).read_bytes() == b"new"
+
 def test_a_writer_that_fails_half_way_leaves_the_old_file_and_no_temporary(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("row 1\nrow 2\n")

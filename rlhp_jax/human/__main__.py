@@ -118,7 +118,7 @@ def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
     teacher = HumanTeacher(out, env, render_fields=getattr(env_, "render_fields", ()), wanted=0, store=store)
     teacher.queue(arrays, [dict(env_steps=0, policy="random", seed=seed)] * pairs)
     teacher.close()
-    export_jsonl(store, out / "queue.jsonl")
+    export_jsonl(store, out / "queue.jsonl", overwrite=False)
     return out / "queue.jsonl"
 
 
@@ -239,7 +239,7 @@ def main(argv=None) -> int:
         elif args.cmd == "export":
             check_new_file(args.out, args.overwrite)  # an earlier export may be the only copy of its labels
             store = _store_for(args, create=False)
-            n = exchange.export_jsonl(store, args.out, labeled_only=args.labeled_only)
+            n = exchange.export_jsonl(store, args.out, labeled_only=args.labeled_only, overwrite=args.overwrite)
             print(f"{n} pairs written to {args.out}")
         elif args.cmd == "import":
             run = Path(args.run)  # a trainer's run takes only pairs it can learn from

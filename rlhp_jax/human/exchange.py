@@ -89,9 +89,11 @@ def pair_lines(store: LabelStore, base: str | os.PathLike, labeled_only: bool = 
 
 
 def export_jsonl(store: LabelStore, path: str | os.PathLike, labeled_only: bool = False,
-                 embed_segments: bool = True) -> int:
+                 embed_segments: bool = True, overwrite: bool = True) -> int:
     """Write every pair of ``store`` (or only answered ones) to ``path``; returns the line count.
-    Clips outside ``path``'s folder are copied into ``<stem>_clips/`` beside it."""
+    Clips outside ``path``'s folder are copied into ``<stem>_clips/`` beside it.  ``overwrite=False``:
+    a file at ``path`` by the time it is written (another export's, since ``path`` was checked) is
+    left as it was (``FileExistsError``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     folder = path.parent.resolve()
@@ -106,7 +108,7 @@ def export_jsonl(store: LabelStore, path: str | os.PathLike, labeled_only: bool 
             f.write((json.dumps(line) + "\n").encode("utf-8"))
             n += 1
 
-    write_atomic(path, write)
+    write_atomic(path, write, replace=overwrite)
     return n
 
 

@@ -104,11 +104,15 @@ class PlaySession:
     ``env`` may be given (a ``VecEnv`` with ``num_envs == 1``) instead of being made from
     ``env_name``.  ``episodes``: finish (and save) once that many episodes are recorded.
     ``stop_after_save``: saving finishes the session (the CLI's "record until you save").
+    ``overwrite``: the first save may replace a file at ``out`` (the CLI's ``--overwrite``); without
+    it such a file, written since the session began, is kept and the demos go beside it
+    (``demos.save_arrays``; ``status`` and ``summary`` say where).
     """
 
     def __init__(self, env_name: str, out: str | Path | None, *, episodes: int | None = None,
                  full_action_space: bool = False, fps: float | None = None, seed: int | None = None,
-                 idle_pause_s: float = 3.0, stop_after_save: bool = True, env=None, source: str = "human (browser)"):
+                 idle_pause_s: float = 3.0, stop_after_save: bool = True, env=None, source: str = "human (browser)",
+                 overwrite: bool = False):
         import jax
         import jax.numpy as jnp
 
@@ -137,6 +141,7 @@ class PlaySession:
         if not self.fps > 0:
             raise ValueError(f"fps must be positive, got {fps}")
         self.out = None if out is None else Path(out)
+        self.overwrite = overwrite
         self.episodes_wanted = episodes
         self.idle_pause_s = float(idle_pause_s)
         self.stop_after_save = stop_after_save
@@ -370,7 +375,10 @@ class PlaySession:
             return dict(self._saved)
 
     def _save_locked(self) -> None:
-        path = self.recorder.save(self.out)
+        # its first save never replaces a file found at ``out`` (unless ``overwrite``): another session
+        # given the same --out may have saved there since this one began; later saves replace its own
+        path = self.recorder.save(self.out, overwrite=self.overwrite or self._saved is not None)
+        self.out = path
         self._unsaved = 0
         self._saved = dict(path=str(path), steps=self.recorder.num_steps, episodes=self.recorder.num_episodes,
                            returns=list(self._returns))

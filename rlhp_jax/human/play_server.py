@@ -153,7 +153,7 @@ def serve_play(args) -> int:
     out = new_demo_path(args.out, args.overwrite)
     token = resolve_token(args.token)
     session = PlaySession(args.env, out, episodes=args.episodes, full_action_space=args.full_action_space,
-                          fps=args.fps, seed=args.seed)
+                          fps=args.fps, seed=args.seed, overwrite=args.overwrite)
     server = ServerThread(create_play_app(session, token=token), args.host, args.port, token).start()
     session.start()
     print(f"play page: {play_url(server)}  (demos go to {out})", flush=True)
