@@ -166,7 +166,7 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
     main_process = jax.process_index() == 0
     if main_process:
         from rlhp_jax.config_fields import SWEEP_KEY, config_object, is_sweep_config
-        from rlhp_jax.runs import claimed, write_summary
+        from rlhp_jax.runs import claimed, results_held, write_summary
 
         held.enter_context(claimed(out))
         if (out / "summary.json").exists():
@@ -176,6 +176,8 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
             # a killed sweep starts again in its directory; a run's (killed or not) is never written over
             raise ValueError(f"{out} holds a training run (its config.json or checkpoints), not a sweep: choose "
                              "another --out.")
+        if not is_sweep_config(config_object(out)) and (taken := results_held(out)):  # nor anyone else's files
+            raise ValueError(f"{out} already holds {' and '.join(taken)}, not of a sweep: choose another --out.")
         write_atomic(out / "config.json", json.dumps({**config_to_json(base), SWEEP_KEY: vars(args)}, indent=2))
     if args.member_devices > 1:  # members split over devices must be one vmapped computation
         base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))

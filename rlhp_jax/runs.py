@@ -143,7 +143,14 @@ def _flock(directory) -> int | None:
     return fd
 
 
-RESULT_FILES = ("config.json", "metrics.jsonl", "summary.json")  # what a run or a sweep writes at its top level
+# the data a run or a sweep writes at its top level (its plots are derived: drawn again from these)
+RESULT_FILES = ("config.json", "metrics.jsonl", "metrics.csv", "summary.json")
+
+
+def results_held(out) -> list[str]:
+    """The :data:`RESULT_FILES` names ``out`` holds already: another run's or sweep's files, or
+    someone's of the same name, which a fresh start there would write over."""
+    return [name for name in RESULT_FILES if (Path(out) / name).exists()]
 
 
 def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str], None]) -> bool:
@@ -161,7 +168,7 @@ def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str]
         if resume:
             log(f"{out} has no checkpoint yet (the run was stopped before its first one): starting it again from "
                 "its config.json, with the same seed")
-        elif held := [name for name in RESULT_FILES if (Path(out) / name).exists()]:
+        elif held := results_held(out):
             raise ValueError(f"{out} already holds another run's or a sweep's {' and '.join(held)}: choose another "
                              f"--out (a run stopped before its first checkpoint starts again with --resume {out}).")
         return False

@@ -590,6 +590,26 @@ def test_a_fresh_run_or_sweep_never_writes_over_the_others_files(tmp_path, capsy
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("held", ["metrics.jsonl", "metrics.csv"])
+def test_a_fresh_run_or_sweep_keeps_a_folder_s_metrics_files(tmp_path, capsys, monkeypatch, held):
+    """A folder that is no run's and no sweep's but holds a metrics.jsonl or metrics.csv (copied
+    there for analysis, another tool's): a sweep given it as --out truncated the metrics.jsonl
+    as it started (it only looked for a config.json or summary.json), and a run (or a sweep)
+    replaced the metrics.csv when it ended.  Both are refused, every byte kept."""
+    from experiments import sweep
+
+    folder = tmp_path / "analysis"
+    folder.mkdir()
+    (folder / held).write_text("someone's rows\n")
+    (folder / "notes.md").write_text("mine")
+    monkeypatch.setattr("rlhp_jax.compiled.CompiledRun", lambda *a, **k: pytest.fail("the sweep started"))
+    before = snapshot(tmp_path)
+    assert classic.main(["--env", "CartPole-v1", "--out", str(folder), "--no-progress"]) == 2
+    assert f"{folder} already holds another run's or a sweep's {held}" in error_line(capsys.readouterr().err)
+    with pytest.raises(ValueError, match=f"{held}.*choose another --out"):
+        sweep.run(["--env", "CartPole-v1", "--seeds", "1", "--out", str(folder), "--no-progress"])
+    assert snapshot(tmp_path) == before
+
 @pytest.mark.parametrize("argv, message", [(["--members", "1", "0"], "--members must be at least 1"),
                                            (["--steps", "0"], "--steps must be at least 1"),
                                            (["--repeats", "-2"], "--repeats must be at least 1"),
