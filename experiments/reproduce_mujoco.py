@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.figures import Figure, meets_target  # noqa: F401 (meets_target: re-exported, tests use it)
+from experiments.figures import Figure
 
 TASKS = ("Reacher", "HalfCheetah", "Hopper", "Walker2d", "Swimmer", "Ant", "InvertedPendulum",
          "InvertedDoublePendulum")  # Fig. 2's eight tasks, in the order this module runs and draws them
