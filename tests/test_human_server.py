@@ -284,6 +284,27 @@ def test_without_a_token_other_host_names_are_refused(tmp_path, host):
     assert c.get("/api/status", headers={"Authorization": f"Bearer {STRONG}", "Host": host}).status_code == 200
 
 
+@pytest.mark.parametrize("headers", [{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"},  # an <img>
+                                     {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"},  # another local port
+                                     {"Origin": "https://evil.example"}, {"Origin": "null"}],
+                         ids=["img", "other-port", "origin", "sandboxed"])
+def test_without_a_token_another_site_s_page_cannot_lease_or_answer(tmp_path, headers):
+    """The Host header is this machine's when a page on evil.example makes the browser request
+    http://127.0.0.1:PORT/api/next: it could lease every pair under made-up names, keeping them
+    from the labelers for a lease each.  The browser says who asked (Sec-Fetch-Site, Origin)."""
+    store = make_store(tmp_path)
+    c = TestClient(create_app(store), base_url=LOCAL)
+    for r in (c.get("/api/next?labeler=ann", headers=headers), c.get("/api/clip/q0/left", headers=headers),
+              c.post("/api/label", json={"pair": "q0", "lease": "x", "choice": "left"}, headers=headers)):
+        assert r.status_code == 403 and "another web site" in r.json()["error"]
+    assert store._conn().execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
+    # the page itself, its own requests, and a link followed to it from anywhere are answered
+    own = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors", "Origin": LOCAL}
+    assert c.get("/api/next?labeler=ann", headers=own).status_code == 200
+    assert c.get("/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}).status_code == 200
+    assert c.get("/", headers={"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"}).status_code == 200
+
+
 def test_the_play_page_has_the_same_guard_and_error_shape():
     from rlhp_jax.human.play_server import create_play_app
 

@@ -21,7 +21,9 @@ of these rules; ``--token auto`` makes one).  The token is accepted as ``Authori
 as ``?token=`` (the URL the server prints; the page then keeps it in an HttpOnly cookie so its
 videos load) or as that cookie.  Without a token only requests addressed to this machine's own
 names (``Host``: localhost, 127.x.y.z or [::1], any port) are answered, so a web site whose DNS
-name is re-pointed at 127.0.0.1 (DNS rebinding) gets a 403, not the API.  These checks and the
+name is re-pointed at 127.0.0.1 (DNS rebinding) gets a 403, not the API; and a request another
+site's page makes the browser send (``Sec-Fetch-Site`` or ``Origin`` naming another site, a
+navigation to the page aside) gets a 403 too, so no page the labeler visits can lease pairs.  These checks and the
 body cap live in one ASGI middleware (``Guard``) that the play page shares.
 
 Errors: every error is ``{"error": message}`` with a 4xx status, whatever raised it (this app or
@@ -161,6 +163,9 @@ class Guard:
                 return 403, (f"refused: host name {host!r} is not this machine's (localhost, 127.0.0.1 or [::1]); "
                              "open the URL the server printed, or serve with an access token (--token) to be "
                              "reached by other names")
+            if _from_another_site(request):
+                return 403, ("refused: a request made by another web site's page (only this page, or a link "
+                             "followed to it, is answered without an access token)")
         else:
             given = _bearer(request.headers.get("authorization", "")) or request.cookies.get(TOKEN_COOKIE)
             given = request.query_params.get("token", given)
@@ -172,6 +177,22 @@ class Guard:
         if length is not None and int(length) > self.max_body:
             return 413, f"request body over {self.max_body} bytes"
         return None
+
+
+def _from_another_site(request) -> bool:
+    """A request another web site's page made the browser send (an ``<img>``, a ``fetch``, a form):
+    its ``Sec-Fetch-Site`` (every current browser) or its ``Origin`` names another site.  Without a
+    token that is all that keeps a page the labeler happens to visit from leasing pairs under
+    made-up names or pressing the play page's keys.  Following a link to the page (a navigation)
+    is not refused: the page itself is static."""
+    site = request.headers.get("sec-fetch-site", "")
+    if site in ("cross-site", "same-site") and request.headers.get("sec-fetch-mode", "") != "navigate":
+        return True
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    m = re.fullmatch(r"https?://(.+)", origin)
+    return m is None or not is_local_host_header(m.group(1))  # "null" (a sandboxed or file: page) included
 
 
 def _json_errors_only(send):
