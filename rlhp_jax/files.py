@@ -96,7 +96,7 @@ def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO[by
         if replace:
             os.replace(tmp, path)
         else:
-            _place_new(tmp, path)
+            place_new(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -105,9 +105,10 @@ def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO[by
     return path
 
 
-def _place_new(tmp: Path, path: Path) -> None:
+def place_new(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     """Rename ``tmp`` to ``path`` unless something is at ``path`` (``FileExistsError``): a hard link,
-    which the kernel refuses to make over any existing name, then the temporary name removed."""
+    which the kernel refuses to make over any existing name, then the temporary name removed.  (The
+    last step of ``write_atomic(replace=False)``, and of the clip encoder's, whose file ffmpeg writes.)"""
     try:
         os.link(tmp, path)
     except FileExistsError:

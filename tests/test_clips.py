@@ -514,3 +514,21 @@ def test_cli_never_replaces_an_existing_file_unless_overwrite(tmp_path, capsys):
     (tmp_path / "d.mp4").mkdir()
     assert render_main(["--env", "CartPole-v1", "--out", str(tmp_path / "d.mp4")]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_a_clip_that_appears_at_out_while_rendering_is_kept(tmp_path, monkeypatch, capsys):
+    """--out was new when the command checked it; another command wrote there before the encoder's
+    rename: that file is kept, the command refuses in one line, and no temporary file is left."""
+    import rlhp_jax.render.__main__ as render_cli
+
+    out, check = tmp_path / "new.mp4", render_cli.check_new_file
+
+    def then_someone_writes(path, overwrite, *args):
+        checked = check(path, overwrite, *args)
+        out.write_bytes(b"another command's clip")
+        return checked
+
+    monkeypatch.setattr(render_cli, "check_new_file", then_someone_writes)
+    assert render_main(["--env", "CartPole-v1", "--steps", "12", "--size", "64", "--out", str(out)]) == 2
+    assert "appeared while the clip was made" in capsys.readouterr().err
+    assert out.read_bytes() == b"another command's clip" and os.listdir(tmp_path) == ["new.mp4"]

@@ -161,7 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         t_render = time.perf_counter() - t0
         fps = args.fps if args.fps is not None else resolved.fps
     t0 = time.perf_counter()
-    encode_mp4(frames, args.out, fps)
+    try:  # a clip that appeared at --out while this one was made is kept (the check above was seconds ago)
+        encode_mp4(frames, args.out, fps, replace=args.overwrite)
+    except FileExistsError:
+        return refuse(f"{args.out} appeared while the clip was made (another command's?): it is kept; choose another --out")
     t_encode = time.perf_counter() - t0
     info_out = probe_mp4(args.out)
     print(f"{args.out}: {name}, {info_out['frames']} frames, {info_out['duration_s']:.2f} s at "

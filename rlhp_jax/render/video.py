@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhp_jax.files import temporary_path
+from rlhp_jax.files import place_new, temporary_path
 
 # imageio-ffmpeg starts its ffmpeg writer with ``preexec_fn=os.setpgrp`` (to keep a terminal's Ctrl-C
 # from it): Python code in the forked child, which deadlocks when another thread held a lock at the
@@ -91,14 +91,15 @@ def _pad_even(frames: np.ndarray) -> np.ndarray:
 
 
 def encode_mp4(frames: Any, path: str | os.PathLike, fps: float,
-               scale: int | Sequence[int] = 1, crf: int = 18) -> str:
+               scale: int | Sequence[int] = 1, crf: int = 18, replace: bool = True) -> str:
     """Write a clip as a browser-playable H.264 MP4; returns the path.
 
     frames: ``[T, H, W, 3]`` RGB or ``[T, H, W]`` grayscale, uint8.  ``scale`` (an integer or
     ``(scale_h, scale_w)``) upscales with nearest neighbour first; odd sizes are then padded to
     even.  ``crf`` is x264's constant rate factor (lower = better; 18 keeps upscaled pixel
     edges sharp).  The file appears atomically: ffmpeg writes a temporary file in the same
-    directory, which is then renamed onto ``path``.
+    directory, which is then renamed onto ``path`` (``replace=False``: only where nothing is at
+    ``path`` by then, ``FileExistsError`` otherwise, what is there kept).
     """
     import imageio_ffmpeg
 
@@ -127,7 +128,10 @@ def encode_mp4(frames: Any, path: str | os.PathLike, fps: float,
         for frame in frames:
             writer.send(frame)
         writer.close()
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            place_new(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
