@@ -391,7 +391,7 @@ def markdown_report(stamp: dict, rows: list[dict]) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS), help="default: all")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test; the figures mean little)")
     p.add_argument("--out", default="benchmarks", help="directory for the JSON and Markdown files")

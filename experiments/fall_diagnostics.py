@@ -76,7 +76,7 @@ def plot(run_dirs: list[Path], out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", type=Path, help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", type=Path, default=Path("falls.png"))
     args = p.parse_args(argv)

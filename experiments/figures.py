@@ -384,7 +384,7 @@ class Figure:
         return importlib.import_module(f"experiments.{self.entry}").DOMAIN.tasks()
 
     def parse_args(self, argv=None, doc: str | None = None) -> argparse.Namespace:
-        p = argparse.ArgumentParser(prog=f"python -m experiments.{self.name}", description=doc,
+        p = argparse.ArgumentParser(allow_abbrev=False, prog=f"python -m experiments.{self.name}", description=doc,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--tasks", "--games", nargs="+", default=list(self.tasks), help=f"default: {' '.join(self.tasks)}")
         seeds = p.add_mutually_exclusive_group()

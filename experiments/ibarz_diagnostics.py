@@ -272,27 +272,27 @@ def compare(runs: list[str], out: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.ibarz_diagnostics", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.ibarz_diagnostics", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("alignment", help="true vs learned reward over 25- and 1000-step windows")
+    a = sub.add_parser("alignment", allow_abbrev=False, help="true vs learned reward over 25- and 1000-step windows")
     a.add_argument("--run", required=True)
     a.add_argument("--steps", type=int, default=20_000, help="actor steps to collect (default 20,000)")
     a.add_argument("--epsilon", type=float, default=0.01, help="exploration of the fixed policy")
     a.add_argument("--seed", type=int, default=1)
-    lo = sub.add_parser("loss", help="reward-model loss vs the label-entropy bound")
+    lo = sub.add_parser("loss", allow_abbrev=False, help="reward-model loss vs the label-entropy bound")
     lo.add_argument("--run", required=True)
-    n = sub.add_parser("label-noise", help="one run per oracle mistake rate")
+    n = sub.add_parser("label-noise", allow_abbrev=False, help="one run per oracle mistake rate")
     n.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2])
     n.add_argument("--out", required=True)
     n.add_argument("--no-progress", action="store_true")
     n.add_argument("training", nargs=argparse.REMAINDER, help="-- then the training flags")
-    f = sub.add_parser("frozen", help="train a fresh agent on a finished run's reward model, held fixed")
+    f = sub.add_parser("frozen", allow_abbrev=False, help="train a fresh agent on a finished run's reward model, held fixed")
     f.add_argument("--run", required=True)
     f.add_argument("--out", default=None)
     f.add_argument("--steps", type=int, default=None)
     f.add_argument("--no-progress", action="store_true")
-    c = sub.add_parser("compare", help="score curves of several runs on one plot")
+    c = sub.add_parser("compare", allow_abbrev=False, help="score curves of several runs on one plot")
     c.add_argument("--runs", nargs="+", required=True)
     c.add_argument("--out", required=True, help="PNG to write (a JSON beside it)")
     for training in (a, n, f):  # the commands that compile: a second call loads the programs

@@ -29,7 +29,7 @@ def minatar_tracker(obs, key=None):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.minatar_demonstrator",
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.minatar_demonstrator",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=5000, help="stop after this many steps in all")

@@ -158,7 +158,7 @@ def table(b: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE", default=None, help="also write the breakdown as JSON")
     p.add_argument("--imports", action="store_true",
                    help="run it under python -X importtime and list its slow top-level imports (the "

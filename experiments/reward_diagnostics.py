@@ -349,7 +349,7 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.reward_diagnostics", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.reward_diagnostics", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", help="run directories whose newest policies are scored")
     p.add_argument("--rm", required=True, help="the run whose reward model scores them")

@@ -71,7 +71,7 @@ def compare(a: list[dict], b: list[dict]) -> tuple[str | None, dict[str, float]]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.same_results", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.same_results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for the runs and digests.json")
     p.add_argument("--check", default=None, help="digests.json of an earlier version to compare with")

@@ -81,7 +81,7 @@ def compose(game: str, native: np.ndarray, small: np.ndarray) -> np.ndarray:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m experiments.show_atari_masks", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.show_atari_masks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="docs/atari_masks", help="output directory")
     p.add_argument("--games", nargs="+", default=list(atari_masks.masked_games()),

@@ -28,10 +28,10 @@ def save_recording(rec, out, overwrite: bool = False) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlhp_jax.demos_cli", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m rlhp_jax.demos_cli", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("record", help="record demonstrations of a trained policy (a run directory)")
+    r = sub.add_parser("record", allow_abbrev=False, help="record demonstrations of a trained policy (a run directory)")
     r.add_argument("--run", required=True, help="run directory (experiments.atari / experiments.classic)")
     r.add_argument("--env", default=None, help="task (default: the run's)")
     r.add_argument("--episodes", type=int, default=3)
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", required=True, help="demo file to write (.npz); an existing one is refused")
     r.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    i = sub.add_parser("info", help="describe a demo file")
+    i = sub.add_parser("info", allow_abbrev=False, help="describe a demo file")
     i.add_argument("file")
     args = p.parse_args(argv)
     try:

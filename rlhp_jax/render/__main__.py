@@ -77,7 +77,7 @@ def _run_atari_native(game: str, steps: int, seed: int) -> np.ndarray:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="python -m rlhp_jax.render",
+    parser = _Parser(allow_abbrev=False, prog="python -m rlhp_jax.render",
                      description="Write an MP4 clip of a random policy in any task envs.make_env "
                                  "runs (MuJoCo, Atari, gymnax classic control and MinAtar).")
     parser.add_argument("--env", required=True,
