@@ -402,7 +402,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="reward models in the reward section")
     p.add_argument("--envs", nargs="+", type=int, default=None, help="env counts for the env section (every task)")
     args = p.parse_args(argv)
-    from rlhp_jax.runs import check_out_directory
+    from rlhp_jax.refusal import check_out_directory
 
     try:  # now, not after minutes of measuring
         check_out_directory(args.out)

@@ -513,7 +513,8 @@ def main(domain: Domain, argv=None) -> int:
         else:
             cfg = config_from_args(args, domain)
         from rlhp_jax.human.server import check_binding
-        from rlhp_jax.runs import check_out_directory, claimed
+        from rlhp_jax.refusal import check_out_directory
+        from rlhp_jax.runs import claimed
 
         check_out_directory(cfg.out)
         check_binding(args.host, args.token)

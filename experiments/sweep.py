@@ -301,7 +301,7 @@ def compare(dirs: list[str], out: Path) -> dict:
                              f"what a sweep writes ({type(e).__name__}: {' '.join(str(e).split())[:80]})") from None
     if len(envs) > 1:
         raise ValueError(f"the sweeps are of different tasks ({', '.join(sorted(envs))}); compare one task at a time.")
-    from rlhp_jax.runs import check_out_directory
+    from rlhp_jax.refusal import check_out_directory
 
     check_out_directory(out)
     out.mkdir(parents=True, exist_ok=True)

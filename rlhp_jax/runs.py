@@ -28,7 +28,7 @@ from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_
 from rlhp_jax.config_fields import describe, is_sweep_config
 from rlhp_jax.files import remove_stale_temporaries, write_atomic
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
-from rlhp_jax.refusal import check_out_directory  # its home; imported from here by the commands too
+from rlhp_jax.refusal import check_out_directory
 
 
 def read_run_config(run_dir: str | Path):
@@ -75,8 +75,8 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
     writers would interleave one run's checkpoints, metrics and label store with the other's.  A
     process may claim a directory it holds already (a command claims it before opening the labeling
     page there, then its driver does).  Taking the directory removes the temporary files that writes
-    killed before their rename left in it (:func:`rlhp_jax.files.remove_stale_temporaries`).  A file system that cannot lock (some network mounts) leaves
-    the run unlocked, as before."""
+    killed before their rename left in it (:func:`rlhp_jax.files.remove_stale_temporaries`).  A file
+    system that cannot lock (some network mounts) leaves the run unlocked, as before."""
     check_out_directory(out, flag)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -95,7 +95,7 @@ def test_bad_agent_config_is_one_line_and_makes_no_directory(argv, message, caps
 def test_an_out_that_is_a_file_is_refused_naming_it(below, capsys, tmp_path, no_training):
     """``--out FILE`` (or a path below a file) is one line naming the file, not the OS's errno from
     inside the checkpointer; the file is left as it was."""
-    from rlhp_jax.runs import check_out_directory
+    from rlhp_jax.refusal import check_out_directory
 
     blocker = tmp_path / "notes.txt"
     blocker.write_text("mine")

@@ -92,7 +92,7 @@ def make_queue(env: str, pairs: int, out: str | Path, seed: int = 0) -> Path:
     from rlhp_jax.human.teacher import HumanTeacher
     from rlhp_jax.rollout import collect_rollout, uniform_random_policy
     from rlhp_jax.core import clip_action
-    from rlhp_jax.runs import check_out_directory
+    from rlhp_jax.refusal import check_out_directory
 
     out = Path(out)
     check_out_directory(out)
