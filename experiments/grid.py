@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
+import os
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ import numpy as np
 
 from rlhp_jax.metrics import read_jsonl
 from rlhp_jax.config_fields import config_object
+from rlhp_jax.files import open_append
 from rlhp_jax.runs import in_use
 
 POLL_S = 1.0  # seconds between checks on running subprocesses
@@ -171,7 +173,10 @@ def run_state(run: Run, root: Path) -> str:
     if in_use(directory):  # resumed or moved aside meanwhile, it would be two writers, or a run under a live one
         raise GridError(f"{directory} is in use by another process (a run of another grid, or one started by hand, "
                         "is writing there now): wait for it to end, or use another --root")
-    if not directory.exists() or (directory.is_dir() and not any(directory.iterdir())):
+    if os.path.lexists(directory) and not directory.is_dir():  # a file, a link to one or to nothing: someone's
+        raise GridError(f"{directory} is not a directory (a file, or a link to one or to nothing), so it holds no "
+                        "run of this grid: move it away or use another --root")
+    if not directory.exists() or not any(directory.iterdir()):
         return "start"
     config = config_object(directory)
     finished = (directory / "summary.json").exists()
@@ -211,10 +216,13 @@ def move_aside(directory: Path) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     target = directory.with_name(f"{directory.name}.incomplete-{stamp}")
     n = 1
-    while target.exists():
+    while os.path.lexists(target):
         n += 1
         target = directory.with_name(f"{directory.name}.incomplete-{stamp}-{n}")
-    directory.rename(target)
+    try:
+        directory.rename(target)  # (a link is renamed, never what it points at)
+    except OSError as e:  # removed or replaced by someone since the grid was planned
+        raise GridError(f"{directory} could not be moved aside ({e.strerror or e}): not started") from None
     return target
 
 
@@ -224,7 +232,7 @@ def launch(argv: list[str], log_path: Path, entry: str = "mujoco"):
     stdout and stderr appended to ``log_path``; returns the ``subprocess.Popen``.  The one seam
     through which this module runs anything (the tests replace it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    with open_append(log_path) as log:  # a link at its name is replaced, never appended through
         log.write(f"\n$ python -m experiments.{entry} {' '.join(argv)}\n".encode())
         log.flush()
         return subprocess.Popen([sys.executable, "-m", f"experiments.{entry}", *argv], stdout=log,
@@ -271,16 +279,19 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
         while pending or active:
             while pending and len(active) < jobs:
                 run, state = pending.popleft()
-                if state == "restart":
-                    try:
+                try:
+                    if state == "restart":
                         log(f"moved incomplete {run.directory(root)} aside to {move_aside(run.directory(root))}")
-                    except GridError as e:  # another process took it meanwhile: this run fails, the rest go on
-                        failed.append(run)
-                        done += 1
-                        log(f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}: FAILED: {e}")
-                        continue
-                active[run] = (launch(argv_for(run, state, root), run.log_path(root), entry=run.entry),
-                               time.monotonic())
+                    try:
+                        proc = launch(argv_for(run, state, root), run.log_path(root), entry=run.entry)
+                    except OSError as e:  # its log cannot be opened (a directory at its name, a full disk)
+                        raise GridError(f"cannot start it: {run.log_path(root)}: {e.strerror or e}") from None
+                except GridError as e:  # another process took it meanwhile, ...: this run fails, the rest go on
+                    failed.append(run)
+                    done += 1
+                    log(f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}: FAILED: {e}")
+                    continue
+                active[run] = (proc, time.monotonic())
             polled = [(run, proc.poll(), start) for run, (proc, start) in active.items()]
             ended = [(run, rc, start) for run, rc, start in polled if rc is not None]
             for run, rc, start in ended:

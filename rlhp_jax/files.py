@@ -105,6 +105,18 @@ def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO[by
     return path
 
 
+def open_append(path: str | os.PathLike) -> IO[bytes]:
+    """``path`` opened to append to (made where missing): a log kept across attempts.  A symlink
+    left at its name (a folder someone else made) is replaced by an empty file of its own first
+    (:func:`write_atomic`), so what it points at is never appended to; one planted between that and
+    the open is refused (``O_NOFOLLOW``: an ``OSError``)."""
+    path = Path(path)
+    if path.is_symlink():
+        write_atomic(path, b"")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    return os.fdopen(fd, "ab")
+
+
 def place_new(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     """Rename ``tmp`` to ``path`` unless something is at ``path`` (``FileExistsError``): a hard link,
     which the kernel refuses to make over any existing name, then the temporary name removed.  (The

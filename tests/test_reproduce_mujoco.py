@@ -568,3 +568,52 @@ def test_the_written_command_carries_the_run_args_the_runs_were_made_with(grid):
     assert all("vf_recenter=True" in " ".join(call) for call in fake.calls) and len(fake.calls) == 2
     assert (f"`python -m experiments.reproduce_mujoco --tasks Hopper --seeds 1 --labels 700 --steps {STEPS} "
             "--run-args='--agent-config vf_recenter=True'`") in results_md.read_text()
+
+
+def test_a_runs_log_replaces_a_symlink_planted_at_its_name_never_appends_through_it(tmp_path):
+    """A root may come from someone else (a grid continued on another machine): a link at a run's
+    log name must not get the run's output appended to the file it points at."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    log = mg.Run("Hopper", 700, 0, STEPS).log_path(tmp_path / "runs")
+    log.parent.mkdir()
+    log.symlink_to(victim)
+    assert mg.launch(["--nothing"], log, entry="grid").wait() == 0  # python -m experiments.grid: runs nothing
+    assert victim.read_text() == "mine\n"
+    assert not log.is_symlink() and "$ python -m experiments.grid --nothing" in log.read_text()
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link"])
+def test_something_not_a_directory_at_a_runs_path_is_refused_not_moved_aside(grid, tmp_path, kind, capsys):
+    """A file (or a link to nothing) where a run directory goes is someone's, not an incomplete run:
+    the grid names it and starts nothing, and leaves it where it is."""
+    root, argv, fake = grid
+    path = mg.run_dir(root, "Hopper", 700, 0, STEPS)
+    root.mkdir()
+    if kind == "file":
+        path.write_text("my notes\n")
+    else:
+        path.symlink_to(tmp_path / "nowhere")
+    for extra in (["--dry-run"], []):
+        assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path} is not a directory") and err.count("\n") == 1
+    assert fake.calls == [] and sorted(p.name for p in root.iterdir()) == [path.name]
+    assert path.is_symlink() if kind != "file" else path.read_text() == "my notes\n"
+
+
+def test_a_run_that_cannot_be_launched_fails_alone(grid, capsys):
+    """A run whose log cannot be opened (a directory at its name) or whose directory vanished before
+    it was moved aside is reported as failed; the grid goes on with the others, no traceback."""
+    root, argv, fake = grid
+    hopper = mg.Run("Hopper", 700, 0, STEPS)
+    hopper.log_path(root).mkdir(parents=True)  # a directory where the log goes
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "Hopper 700labels seed 0: FAILED: cannot start it: " in out and str(hopper.log_path(root)) in out
+    assert (mg.Run("Hopper", None, 0, STEPS).directory(root) / "summary.json").exists()  # the other run went on
+    lines = []
+    gone = mg.Run("Swimmer", 700, 0, STEPS)  # planned as incomplete, removed by someone before its turn
+    assert mg.execute([(gone, "restart")], root, jobs=1, log=lines.append) == [gone]
+    assert "FAILED" in lines[0] and str(gone.directory(root)) in lines[0]
+
