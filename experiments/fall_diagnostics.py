@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlhp_jax.metrics import read_jsonl
+from rlhp_jax.metrics import read_jsonl, save_png
 from rlhp_jax.refusal import refuse
 
 PANELS = (
@@ -71,7 +71,7 @@ def plot(run_dirs: list[Path], out: Path) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_png(fig, out)
     plt.close(fig)
 
 

@@ -29,6 +29,7 @@ from experiments import grid as grid_lib
 from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
                               return_digits, run_dir, run_metrics, steps_label)
 from rlhp_jax.files import write_atomic
+from rlhp_jax.metrics import save_png
 from rlhp_jax.refusal import check_new_file, check_out_directory, refuse
 
 TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
@@ -304,7 +305,7 @@ class Figure:
                           [f"{stem} {_seeds_note([k])}" for stem, (_, k) in drawn.items()], fontsize=8)
             fig.tight_layout()
             written.append(docs / f"{self.file_prefix}_{task}.png")
-            fig.savefig(written[-1], dpi=110)
+            save_png(fig, written[-1])
             plt.close(fig)
 
         cols = min(4, len(tasks))
@@ -326,7 +327,7 @@ class Figure:
                        loc="lower center", ncol=len(legend), fontsize=9, frameon=False)
         fig.tight_layout(rect=(0, 0.06 if legend else 0, 1, 1))
         written.append(docs / f"{self.file_prefix}_{self.combined}.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1])
         plt.close(fig)
         return written
 

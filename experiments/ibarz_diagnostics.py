@@ -239,7 +239,7 @@ def frozen(run_dir: str, out: str | None, steps: int | None, progress: bool) -> 
 
 # ---------------------------------------------------------------------------- several runs
 def compare(runs: list[str], out: str) -> dict:
-    from rlhp_jax.metrics import read_jsonl
+    from rlhp_jax.metrics import read_jsonl, save_png
 
     result = {}
     plt = _plt()
@@ -265,9 +265,9 @@ def compare(runs: list[str], out: str) -> dict:
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_png(fig, out)
     plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps(result))
+    write_atomic(out.with_suffix(".json"), json.dumps(result))
     return {k: v["final_episode_return"] for k, v in result.items()}
 
 

@@ -56,6 +56,7 @@ from experiments import grid as grid_lib
 from experiments.figures import Figure, cell
 from experiments.grid import GridError, Run, run_metrics
 from rlhp_jax.config import FULL_SCHEDULE, IbarzConfig
+from rlhp_jax.metrics import save_png
 
 # Fig. 1's nine games, in its order
 TASKS = ("BeamRider", "Breakout", "Enduro", "Hero", "MontezumaRevenge", "Pong", "PrivateEye", "Qbert", "Seaquest")
@@ -225,7 +226,7 @@ class IbarzFigure(Figure):
                 ax.legend([h for _, h in handles], [t for t, _ in handles], fontsize=7)
             fig.tight_layout()
             written.append(docs / f"{self.file_prefix}_{task}.png")
-            fig.savefig(written[-1], dpi=110)
+            save_png(fig, written[-1])
             plt.close(fig)
         cols = min(3, len(args.tasks))
         rows = math.ceil(len(args.tasks) / cols)
@@ -244,7 +245,7 @@ class IbarzFigure(Figure):
                        frameon=False)
         fig.tight_layout(rect=(0, 0.05 if legend else 0, 1, 1))
         written.append(docs / f"{self.file_prefix}_{self.combined}.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1])
         plt.close(fig)
         return table, written
 

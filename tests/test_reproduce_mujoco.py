@@ -617,3 +617,16 @@ def test_a_run_that_cannot_be_launched_fails_alone(grid, capsys):
     assert mg.execute([(gone, "restart")], root, jobs=1, log=lines.append) == [gone]
     assert "FAILED" in lines[0] and str(gone.directory(root)) in lines[0]
 
+
+def test_plots_replace_a_symlink_planted_in_docs_never_write_through_it(grid, tmp_path):
+    root, argv, fake = grid
+    write_run(root, "Hopper", 700, 0)
+    write_run(root, "Hopper", None, 0)
+    docs = tmp_path / "docs" / "results"
+    docs.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (docs / "mujoco_fig2.png").symlink_to(victim)
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1", "--plot-only"]) == 0
+    assert victim.read_text() == "mine\n"
+    assert not (docs / "mujoco_fig2.png").is_symlink() and (docs / "mujoco_fig2.png").read_bytes()[:4] == b"\x89PNG"
