@@ -50,6 +50,7 @@ import hashlib
 import logging
 import os
 import re
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -98,8 +99,8 @@ def directory() -> Path | None:
 
 def enable(path: str | os.PathLike | None = None, workload: str | None = None) -> Path | None:
     """Turn the cache on for this process (``path``, else :func:`directory`); returns where it is,
-    or None when it stays off (also, with a warning, when the directory cannot be made: a run
-    never fails for want of its cache).  Call before the first compilation.
+    or None when it stays off (also, with one warning, when the directory cannot be made or
+    written in: a run never fails for want of its cache).  Call before the first compilation.
 
     ``workload`` names what this process is about to run (an entry point and its task): the
     executables its last run used are read into memory on a thread from here on, while this
@@ -115,6 +116,13 @@ def enable(path: str | os.PathLike | None = None, workload: str | None = None) -
         where.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         warnings.warn(f"no compilation cache: cannot create {where} ({e.strerror or e}); set {ENV} to a "
+                      f"writable directory, or to off", stacklevel=2)
+        return None
+    try:  # a directory that takes no file (read-only, another user's): JAX would warn at every program
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as e:
+        warnings.warn(f"no compilation cache: cannot write in {where} ({e.strerror or e}); set {ENV} to a "
                       f"writable directory, or to off", stacklevel=2)
         return None
     prune(where)
@@ -145,7 +153,7 @@ def prune(where: str | os.PathLike, max_bytes: int = MAX_BYTES) -> int:
                 except FileNotFoundError:
                     continue
                 entries.append((max(st.st_atime_ns, st.st_mtime_ns), st.st_size, e.path))
-    except FileNotFoundError:
+    except OSError:  # gone, or not listable (write-only: JAX still finds its entries by name): nothing pruned
         return 0
     total = sum(size for _, size, _ in entries)
     if total <= max_bytes:

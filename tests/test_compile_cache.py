@@ -140,6 +140,18 @@ def test_prune_of_a_missing_directory_or_a_vanishing_entry(tmp_path, monkeypatch
     assert [p.name for p in (tmp_path / "c").glob("*-cache")] == ["e2-cache"]
 
 
+def test_prune_of_a_directory_it_cannot_list_deletes_nothing(tmp_path, monkeypatch):
+    """A cache directory with write but not read permission (mode 0333): JAX still finds its entries
+    by name, and prune, which cannot list them, must not end the run in a PermissionError."""
+    _fill(tmp_path / "c", [(100, 1, 1), (100, 2, 2)])
+
+    def unlistable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    assert compile_cache.prune(tmp_path / "c", 1) == 0
+
+
 # --------------------------------------------------------------------- traced programs (compile_cache.jit)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -443,3 +455,28 @@ def test_prune_bounds_kept_executables_and_lists_with_jax_entries(tmp_path):
     assert compile_cache.prune(tmp_path, 250) == 5  # to 0.75 × 250: the newest entry alone
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(compile_cache.STAMP)) == \
         [f"new{compile_cache.EXECUTABLE}"]
+
+
+@pytest.fixture
+def jax_cache_setting():
+    """Puts JAX's cache directory and this module's back as they were (the suite's, since conftest)."""
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir, compile_cache._kept_in
+    yield
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    compile_cache._kept_in = before[1]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/1"), reason="needs Linux's /proc")
+def test_a_directory_that_cannot_be_written_leaves_it_off_with_one_warning(jax_cache_setting):
+    """A cache directory that exists but takes no file (read-only, another user's; /proc/1 here,
+    which not even root can write in): turned on, JAX warned at every program it failed to store
+    (15 two-line warnings on the README's CartPole job); off, with one warning, the run compiles."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compile_cache.enable("/proc/1") is None
+    assert [str(w.message).split(":")[0] for w in caught] == ["no compilation cache"]
+    assert "cannot write in /proc/1" in str(caught[0].message)
