@@ -571,6 +571,14 @@ class Checkpointer:
 
     def _verify_files(self, step: int, record: dict) -> None:
         step_dir = self._step_dir(step)
+        for root, dirs, names in os.walk(step_dir):  # exactly what the commit wrote: nothing added, no link
+            for n in dirs + names:
+                p = Path(root) / n
+                rel = p.relative_to(step_dir).as_posix()
+                if p.is_symlink():
+                    raise _Corrupt(f"{rel} is a symbolic link, which no save writes")
+                if n in names and rel not in record["files"] and rel != COMMIT_FILE:
+                    raise _Corrupt(f"file {rel} was not written by the save its commit record describes")
         for rel, (size, crc) in record["files"].items():
             p = step_dir / rel
             try:

@@ -256,7 +256,24 @@ def _delete_meta(step_dir: Path):
         p.unlink()
 
 
-@pytest.mark.parametrize("corrupt", [_truncate, _garble, _garble_record, _truncate_orbax_metadata, _delete_meta])
+def _link_elsewhere(step_dir: Path):
+    """A data file replaced by a link to a file outside with the same bytes: sizes and CRCs pass, yet
+    a restore would read whatever the link points at (in a run directory from someone else, a file
+    of the user's)."""
+    p = _largest_file(step_dir)
+    outside = step_dir.parent.parent / f"outside-{p.name}"
+    outside.write_bytes(p.read_bytes())
+    p.unlink()
+    p.symlink_to(outside)
+
+
+def _add_a_file(step_dir: Path):
+    p = _largest_file(step_dir)
+    (p.parent / "extra").write_bytes(b"not written by the save")
+
+
+@pytest.mark.parametrize("corrupt", [_truncate, _garble, _garble_record, _truncate_orbax_metadata, _delete_meta,
+                                     _link_elsewhere, _add_a_file])
 def test_corrupt_newest_falls_back_to_previous(tmp_path, corrupt):
     d = tmp_path / "ck"
     ckpt = Checkpointer(d, keep=3)
