@@ -129,6 +129,8 @@ def test_bad_queue_and_commands_fail_clearly(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["serve", "--run", str(tmp_path / "nope")]) == 2
     assert main(["fit", "--file", str(tmp_path / "none.jsonl")]) == 2
+    # the ensemble's size under the training commands' name (a parse error would raise SystemExit)
+    assert main(["fit", "--file", str(tmp_path / "none.jsonl"), "--ensemble.num-members", "2"]) == 2
     assert main(["queue", "--env", "CartPole-v1", "--pairs", "0", "--out", str(tmp_path / "q")]) == 2
     (tmp_path / "file").write_text("mine")  # a file where the queue's directory would go
     capsys.readouterr()

@@ -199,7 +199,8 @@ def main(argv=None) -> int:
     g.add_argument("--file")
     p = sub.add_parser("fit", allow_abbrev=False, help="train a reward ensemble on a labeled JSONL set")
     p.add_argument("--file", required=True)
-    p.add_argument("--members", type=int, default=3)
+    p.add_argument("--ensemble.num-members", "--members", dest="members", type=int, default=3,
+                   help="reward models in the ensemble (the training commands' flag; --members as before)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--labeler", default=None, help="only this labeler's answers")
