@@ -286,8 +286,11 @@ def test_without_a_token_other_host_names_are_refused(tmp_path, host):
 
 @pytest.mark.parametrize("headers", [{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"},  # an <img>
                                      {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"},  # another local port
-                                     {"Origin": "https://evil.example"}, {"Origin": "null"}],
-                         ids=["img", "other-port", "origin", "sandboxed"])
+                                     {"Origin": "https://evil.example"}, {"Origin": "null"},
+                                     {"Origin": "http://localhost:3000"},  # an app on another local port
+                                     # an iframe, or a window opened, on the API itself: a navigation
+                                     {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}],
+                         ids=["img", "other-port", "origin", "sandboxed", "other-port-origin", "navigate-api"])
 def test_without_a_token_another_site_s_page_cannot_lease_or_answer(tmp_path, headers):
     """The Host header is this machine's when a page on evil.example makes the browser request
     http://127.0.0.1:PORT/api/next: it could lease every pair under made-up names, keeping them

@@ -180,19 +180,24 @@ class Guard:
 
 
 def _from_another_site(request) -> bool:
-    """A request another web site's page made the browser send (an ``<img>``, a ``fetch``, a form):
-    its ``Sec-Fetch-Site`` (every current browser) or its ``Origin`` names another site.  Without a
-    token that is all that keeps a page the labeler happens to visit from leasing pairs under
-    made-up names or pressing the play page's keys.  Following a link to the page (a navigation)
-    is not refused: the page itself is static."""
+    """A request another web site's page made the browser send (an ``<img>``, a ``fetch``, a form,
+    an iframe or a window it opened): its ``Sec-Fetch-Site`` (every current browser) or its
+    ``Origin`` names another site, or another port of this machine.  Without a token that is all
+    that keeps a page the labeler happens to visit from leasing pairs under made-up names or pressing
+    the play page's keys.  Following a link to a page (a navigation to a path outside ``/api/``) is
+    not refused: the pages are static, and each acts only through the API, which a navigation from
+    elsewhere never reaches (``/api/next`` leases a pair on a plain GET)."""
     site = request.headers.get("sec-fetch-site", "")
-    if site in ("cross-site", "same-site") and request.headers.get("sec-fetch-mode", "") != "navigate":
-        return True
+    if site in ("cross-site", "same-site"):
+        page = request.method in ("GET", "HEAD") and not request.url.path.startswith("/api/")
+        if not (page and request.headers.get("sec-fetch-mode", "") == "navigate"):
+            return True
     origin = request.headers.get("origin")
     if origin is None:
         return False
     m = re.fullmatch(r"https?://(.+)", origin)
-    return m is None or not is_local_host_header(m.group(1))  # "null" (a sandboxed or file: page) included
+    # "null" (a sandboxed or file: page) included; another local port is another site's page too
+    return m is None or m.group(1).lower() != request.headers.get("host", "").lower()
 
 
 def _json_errors_only(send):
