@@ -43,19 +43,24 @@ def temporary_path(path: str | os.PathLike, suffix: str = "") -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp{suffix}")
 
 
-def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
-    """Removes, in ``directory`` and below, the temporary files of writes whose process is gone
-    (killed before its rename or its clean-up); returns them.  A live process's are kept, so this is
-    safe beside any writer; a process id the system reused keeps a stale file, which is harmless."""
+def remove_stale_temporaries(directory: str | os.PathLike, depth: int = 3) -> list[Path]:
+    """Removes, in ``directory`` and up to ``depth`` folders below it (a run's deepest writes are
+    ``checkpoints/STEP/``'s), the temporary files of writes whose process is gone (killed before its
+    rename or its clean-up); returns them.  A live process's are kept, so this is safe beside any
+    writer; a process id the system reused keeps a stale file, which is harmless.  Best effort: a
+    file or folder it may not remove or read (another user's) is left as it is."""
     removed = []
-    for root, _, names in os.walk(directory):
+    top = os.path.normpath(directory)
+    for root, dirs, names in os.walk(top):
+        if os.path.relpath(root, top).count(os.sep) + (root != top) >= depth:
+            dirs.clear()  # deeper than any write of a run: not walked (a mistaken --out ~ stays quick)
         for name in names:
             m = _TEMPORARY.match(name)
             if m and not _alive(int(m.group(1))):
                 path = Path(root) / name
                 try:
                     path.unlink()
-                except FileNotFoundError:
+                except OSError:  # gone meanwhile, or not ours to remove
                     continue
                 removed.append(path)
     return removed

@@ -84,7 +84,7 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
     with _claims_lock:
         if key in _claims:  # this process holds it already (the command around the driver): nested, not refused
             _claims[key][1] += 1
-            fd = None
+            taken = False
         else:
             try:
                 fd = _flock(out)
@@ -93,8 +93,10 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
                 raise ValueError(f"{out} is in use by another process (a run, a --resume of it or a sweep is "
                                  f"writing there now): wait for it to end{other}.") from None
             _claims[key] = [fd, 1]
-            remove_stale_temporaries(out)  # what writes killed before their rename left (files.py)
+            taken = True
     try:
+        if taken:
+            remove_stale_temporaries(out)  # what writes killed before their rename left (files.py)
         yield out
     finally:
         with _claims_lock:

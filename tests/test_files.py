@@ -128,6 +128,28 @@ def test_only_a_dead_process_s_temporary_files_are_removed(tmp_path):
         live.wait()
 
 
+def test_a_temporary_file_that_cannot_be_removed_neither_fails_the_run_nor_keeps_its_directory(tmp_path, monkeypatch):
+    """The clean-up is best effort: a dead writer's file this user may not remove (another user's, a
+    read-only folder) is left, the run goes on, and the directory is free again when it ends.
+    Nothing deeper than a run's own writes is walked (a mistaken ``--out ~`` stays quick)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run = tmp_path / "run"
+    (run / "checkpoints" / "3" / "agent" / "deep").mkdir(parents=True)
+    stuck = run / f".config.json.{dead.pid}.0a1b2c3d.tmp"
+    deep = run / "checkpoints" / "3" / "agent" / "deep" / stuck.name
+    for p in (stuck, deep, run / "checkpoints" / "3" / stuck.name):
+        p.write_text("x")
+    real_unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied"))
+                        if self == stuck else real_unlink(self, *a, **k))
+    with runs.claimed(run):
+        assert stuck.exists() and deep.exists() and not (run / "checkpoints" / "3" / stuck.name).exists()
+    assert not runs.in_use(run) and str(os.path.realpath(run)) not in runs._claims
+    with runs.claimed(run):  # claimed again at once: the first claim's lock went with its block
+        pass
+
+
 def test_the_clip_encoder_s_temporary_file_is_one_the_clean_up_recognises(tmp_path, monkeypatch):
     """ffmpeg writes a clip's temporary file itself; its name must carry the process id too, or a
     clip encoder killed mid-write would leave litter no run removes."""
