@@ -571,6 +571,8 @@ class Checkpointer:
 
     def _verify_files(self, step: int, record: dict) -> None:
         step_dir = self._step_dir(step)
+        if step_dir.is_symlink():  # os.walk would follow it: the step itself must be what the save wrote
+            raise _Corrupt(f"{step_dir.name} is a symbolic link, which no save writes")
         for root, dirs, names in os.walk(step_dir):  # exactly what the commit wrote: nothing added, no link
             for n in dirs + names:
                 p = Path(root) / n

@@ -267,13 +267,21 @@ def _link_elsewhere(step_dir: Path):
     p.symlink_to(outside)
 
 
+def _step_linked_elsewhere(step_dir: Path):
+    """The whole step moved elsewhere and a link left at its name (every file in it as the save
+    wrote it): a restore would read a folder outside the run."""
+    outside = step_dir.parent.parent / f"outside-step-{step_dir.name}"
+    step_dir.rename(outside)
+    step_dir.symlink_to(outside, target_is_directory=True)
+
+
 def _add_a_file(step_dir: Path):
     p = _largest_file(step_dir)
     (p.parent / "extra").write_bytes(b"not written by the save")
 
 
 @pytest.mark.parametrize("corrupt", [_truncate, _garble, _garble_record, _truncate_orbax_metadata, _delete_meta,
-                                     _link_elsewhere, _add_a_file])
+                                     _link_elsewhere, _step_linked_elsewhere, _add_a_file])
 def test_corrupt_newest_falls_back_to_previous(tmp_path, corrupt):
     d = tmp_path / "ck"
     ckpt = Checkpointer(d, keep=3)
