@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhp_jax.files import write_atomic
+from rlhp_jax.files import open_append, write_atomic
 
 
 def segment_return_correlation(predicted: jax.Array, true: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -42,7 +42,8 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not append:
             write_atomic(self.path, b"")
-        self._file = open(self.path, "a", encoding="utf-8")
+        # never through a link planted at the name meanwhile (files.open_append refuses one)
+        self._file = io.TextIOWrapper(open_append(self.path), encoding="utf-8")
 
     def write(self, row: dict) -> None:
         clean = {k: _jsonable(v) for k, v in row.items()}
@@ -215,10 +216,12 @@ def _save_figure(fig, axes, title: str, path) -> Path:
 
 
 def save_png(fig, path: str | os.PathLike, dpi: int = 110) -> Path:
-    """Write a matplotlib figure as a PNG at ``path``, whole or not at all (``files.write_atomic``):
-    a plot written into a run directory replaces a symlink left at its name, never the file it
-    points at."""
-    return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+    """Write a matplotlib figure at ``path``, whole or not at all (``files.write_atomic``): a plot
+    written into a run directory replaces a symlink left at its name, never the file it points at.
+    A PNG, unless the name asks for another format matplotlib writes (``falls.svg``, ``x.pdf``): the
+    bytes are always what the name says."""
+    fmt = Path(path).suffix[1:].lower() or "png"
+    return write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=dpi))
 
 
 def plot_ibarz_run(rows: list[dict], path: str | os.PathLike, title: str = "") -> Path:

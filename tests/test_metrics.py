@@ -155,3 +155,31 @@ def test_a_run_s_outputs_replace_a_planted_symlink_never_write_through_it(tmp_pa
         assert not (run / name).is_symlink() and (run / name).stat().st_size > 0, name
     assert [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert (run / "metrics.csv").read_text().startswith("iteration,env_steps,true_return,labels")
+
+
+@pytest.mark.parametrize("name, head", [("falls.png", b"\x89PNG"), ("falls.svg", b"<?xml"), ("falls.pdf", b"%PDF"),
+                                        ("falls", b"\x89PNG")])
+def test_a_figure_s_bytes_are_the_format_its_name_says(tmp_path, name, head):
+    """``--out falls.svg`` of a diagnostic is an SVG file, not PNG bytes under an SVG name."""
+    from rlhp_jax.metrics import pyplot, save_png
+
+    fig = pyplot().figure(figsize=(2, 2))
+    fig.gca().plot([0, 1], [1, 0])
+    assert save_png(fig, tmp_path / name).read_bytes()[:len(head)] == head
+
+
+def test_a_metrics_writer_never_appends_through_a_link(tmp_path):
+    """A link at ``metrics.jsonl`` when a writer opens it to append (one planted after the run's
+    cut-back) is replaced: the file it points at, outside the run, gets no row."""
+    from rlhp_jax.metrics import MetricsWriter, read_jsonl
+
+    outside = tmp_path / "mine.jsonl"
+    outside.write_text('{"mine": 1}\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(outside)
+    writer = MetricsWriter(run / "metrics.jsonl", append=True)
+    writer.write({"iteration": 1})
+    writer.close()
+    assert outside.read_text() == '{"mine": 1}\n' and not (run / "metrics.jsonl").is_symlink()
+    assert read_jsonl(run / "metrics.jsonl") == [{"iteration": 1}]
