@@ -40,10 +40,11 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, Collection
 
 import jax
 import jax.numpy as jnp
@@ -299,6 +300,59 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, Any], compressed: boo
             target = path.with_name(f"{path.stem}-{n}{path.suffix}")
 
 
+def read_npz(source: str | os.PathLike | IO[bytes], max_bytes: int, names: Collection[str] | None = None
+             ) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` someone may have sent (``names``: only those members; the others
+    are never decompressed), or a ValueError saying why not.  Nothing it reads can take more memory
+    than ``max_bytes``: each member must be stored or deflated (the two methods numpy writes; a
+    bzip2 member of a kilobyte can expand to gigabytes), every member's size as the archive records
+    it and its array's size as its header declares it are counted against ``max_bytes`` before a
+    byte is decompressed, and a member longer than it says is cut at that length by ``zipfile``.
+    No pickled object is ever loaded."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    try:
+        archive = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise ValueError(f"not a readable .npz archive ({_one_line(e)})") from None
+    with archive:
+        members = {}
+        for info in archive.infolist():
+            name = info.filename[:-4] if info.filename.endswith(".npy") else None
+            if name is None or (names is not None and name not in names):
+                continue
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 0x1:
+                raise ValueError(f"{name} is compressed by a method numpy does not write (zip method "
+                                 f"{info.compress_type}{', encrypted' if info.flag_bits & 0x1 else ''})")
+            members[name] = info
+        declared = sum(info.file_size for info in members.values())
+        if declared > max_bytes:
+            raise ValueError(f"its arrays would take {declared / 2**20:,.0f} MiB, more than the "
+                             f"{max_bytes / 2**20:,.0f} MiB this reader allows")
+        arrays = {}
+        for name, info in members.items():
+            try:
+                with archive.open(info) as f:
+                    version = npy.read_magic(f)
+                    shape, _, dtype = (npy.read_array_header_1_0 if version == (1, 0)
+                                       else npy.read_array_header_2_0)(f, max_header_size=10_000)
+            except Exception as e:  # noqa: BLE001 — zlib.error, EOFError, struct.error, a bad header, …
+                raise ValueError(f"{name} is damaged ({_one_line(e)})") from None
+            if dtype.hasobject:
+                raise ValueError(f"{name} holds Python objects (a pickle), which are never loaded")
+            if math.prod(shape) * dtype.itemsize > info.file_size:
+                raise ValueError(f"{name} is damaged (its header declares {math.prod(shape) * dtype.itemsize:,} "
+                                 f"bytes, its member holds {info.file_size:,})")
+            try:
+                with archive.open(info) as f:
+                    arrays[name] = npy.read_array(f, allow_pickle=False)
+            except Exception as e:  # noqa: BLE001 — as above, and a bad CRC (BadZipFile)
+                raise ValueError(f"{name} is damaged ({_one_line(e)})") from None
+    return arrays
+
+
 # ---------------------------------------------------------------------------- reading
 REQUIRED_ARRAYS = ("meta", "frames", "obs_frame", "actions", "episode_lengths")
 # the meta fields every reader relies on, with their kind ("shape": a list of positive ints)
@@ -335,22 +389,21 @@ def _one_line(e: BaseException) -> str:
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` (no pickles), or a DemoError."""
-    # numpy and zipfile report damaged archives with a wide, undocumented range of exceptions
-    # (BadZipFile, zlib.error, EOFError, ValueError, struct.error, NotImplementedError for an unknown
-    # compression method, RuntimeError for an "encrypted" flag, MemoryError for an absurd array
-    # header...): this block only reads the file, so any of them means the file is unusable.
+    """The arrays of a demo file (those the format names; no pickles), or a DemoError.  A file whose
+    arrays would not fit in half this machine's memory is refused before it is decompressed (an hour
+    of Atari play is ~0.8 GB; a damaged or hostile archive can declare any size)."""
     try:
-        loaded = np.load(path, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 (see above)
-        raise DemoError(f"{path} is not a demo file (a .npz written by rlhp_jax.demos): {_one_line(e)}") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise DemoError(f"{path} holds a single array (.npy), not a demo file (a .npz written by rlhp_jax.demos)")
+        return read_npz(path, _memory_budget(), names=(*REQUIRED_ARRAYS, "rewards"))
+    except ValueError as e:
+        raise DemoError(f"{path} is not a demo file (a .npz written by rlhp_jax.demos): {e}") from None
+
+
+def _memory_budget() -> int:
+    """Half of this machine's physical memory (1 GiB where it cannot be read)."""
     try:
-        with loaded as z:
-            return {k: z[k] for k in z.files}
-    except Exception as e:  # noqa: BLE001 (see above)
-        raise DemoError(f"{path} is damaged: {_one_line(e)}") from None
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (AttributeError, ValueError, OSError):
+        return 1 << 30
 
 
 def _read_meta(path: Path, record: np.ndarray) -> dict:
@@ -420,6 +473,8 @@ def _check_fit(path: Path, demos: Demos) -> None:
         problems.append("frame indices point outside the stored frames")
     if tuple(demos.frames.shape[1:]) != tuple(meta["frame_shape"]):
         problems.append(f"frames have shape {demos.frames.shape[1:]}, the header says {meta['frame_shape']}")
+    if demos.frames.dtype.kind == "f" and not np.isfinite(demos.frames).all():
+        problems.append("frames hold NaN or infinite values")
     if (demos.actions < 0).any() or (demos.actions >= meta["num_actions"]).any():
         problems.append("actions outside the recorded action set")
     if demos.rewards is not None and (demos.rewards.shape != (n,) or not np.isfinite(demos.rewards).all()):

@@ -215,3 +215,28 @@ def test_recording_from_a_christiano_run_checkpoint(minatar, tmp_path, capsys):
     assert demos_cli.main(["record", "--run", str(run), "--episodes", "1", "--max-steps", "30", "--out", str(out),
                            "--overwrite"]) == 0
     assert D.load_demos(out, minatar).num_episodes == 1
+
+
+def test_a_demo_file_with_nan_frames_or_a_bomb_is_refused(minatar, minatar_demos, tmp_path):
+    """DQfD would pretrain on NaN frames; a member compressed a thousandfold more than numpy ever
+    writes is refused before it is read (an unknown member is never even decompressed)."""
+    import zipfile
+
+    path, _ = minatar_demos
+    with np.load(path) as z:
+        frames = z["frames"].astype(np.float32)
+    frames[3] = np.nan
+    with pytest.raises(D.DemoError, match="NaN"):
+        D.load_demos(_rewrite(path, tmp_path / "nan.npz", frames=frames), minatar)
+    for name in ("frames.npy", "unknown.npy"):
+        bomb = tmp_path / f"bomb-{name}.npz"
+        with zipfile.ZipFile(path) as src, zipfile.ZipFile(bomb, "w") as z:
+            for info in src.infolist():
+                if info.filename != name:
+                    z.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+            z.writestr(name, src.read("frames.npy"), compress_type=zipfile.ZIP_BZIP2)
+        if name == "unknown.npy":
+            assert D.read_demos(bomb).num_steps > 0
+        else:
+            with pytest.raises(D.DemoError, match="method numpy does not write"):
+                D.read_demos(bomb)

@@ -40,7 +40,7 @@ from typing import IO, Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from rlhp_jax.demos import save_arrays
+from rlhp_jax.demos import read_npz, save_arrays
 from rlhp_jax.human.store import MU, LabelStore, StoreError
 from rlhp_jax.labels import padded_batches
 from rlhp_jax.teachers import Answers
@@ -54,31 +54,22 @@ def save_npz(path: Path, **arrays) -> None:
     save_arrays(path, arrays, compressed=False)
 
 
+MAX_PAIR_BYTES = 256 << 20  # a pair's arrays (an Atari pair with its render frames: ~5 MB)
+
+
 def read_segments(source: str | os.PathLike | IO[bytes]) -> dict[str, np.ndarray]:
     """Every array of a saved pair (an ``.npz`` file or file object); ValueError if it is not an
-    ``.npz`` archive of plain arrays (pickled objects are never loaded)."""
-    if isinstance(source, (str, os.PathLike)):  # opened here: np.load leaves a damaged file open
+    ``.npz`` archive of plain arrays, or would take more than :data:`MAX_PAIR_BYTES` of memory
+    (``demos.read_npz``: a labeled set from someone else may carry a compression bomb; pickled
+    objects are never loaded)."""
+    if isinstance(source, (str, os.PathLike)):
         try:
             f = open(source, "rb")
         except OSError as e:
             raise ValueError(f"cannot be read ({e.strerror or e})") from None
         with f:
             return read_segments(f)
-    try:
-        z = np.load(source, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 — a damaged file raises many kinds (BadZipFile, EOFError, OSError, …)
-        raise ValueError(f"not a readable .npz archive ({_one_line(e)})") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise ValueError("not an .npz archive (a single array)")
-    with z:
-        try:
-            arrays = {k: z[k] for k in z.files}
-        except Exception as e:  # noqa: BLE001 — as above, for each member
-            raise ValueError(f"not a readable .npz archive ({_one_line(e)})") from None
-    for k, v in arrays.items():
-        if not isinstance(v, np.ndarray):
-            raise ValueError(f"{k} is not an array")
-    return arrays
+    return read_npz(source, MAX_PAIR_BYTES)
 
 
 def check_pair(arrays: Mapping[str, Any], shapes: Mapping[str, Sequence[int]] | None = None) -> None:
@@ -116,10 +107,6 @@ def load_pair(store: LabelStore, query: dict) -> dict[str, np.ndarray]:
     if not query.get("segments"):
         raise ValueError("it has no saved segments (a display-only pair)")
     return read_segments(store.resolve(query["segments"]))
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def write_clips(env: str, pair: dict[str, np.ndarray], left: Path, right: Path,
