@@ -546,3 +546,102 @@ def test_a_corrupted_file_imports_fully_or_changes_nothing(changes):
             teacher.close()
             store.close()
             src.close()
+
+
+# ------------------------------------------------------------------ files someone else made
+def bomb_npz(method, mb: int = 300) -> bytes:
+    """A pair's ``.npz`` plus a ``render`` member of ``mb`` MB of zeros compressed with ``method``
+    (300 MB deflated: ~300 kB; as bzip2 a few hundred bytes), written in chunks (this test's own
+    memory stays low); ``method`` None: the pair alone."""
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for k, v in segment_arrays().items():
+            with z.open(f"{k}.npy", "w") as f:
+                np.lib.format.write_array(f, v)
+        if method is not None:
+            z.compression = method
+            with z.open("render.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                         "shape": (mb << 18,)})
+                chunk = bytes(1 << 20)
+                for _ in range(mb):
+                    f.write(chunk)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("method", ["bzip2", "lzma", "deflate"])
+def test_a_compression_bomb_in_a_pair_is_refused_before_it_expands(tmp_path, method):
+    """A labeled set from someone else can carry segments of a kilobyte that expand to gigabytes:
+    ``import``, ``label --queue`` and ``fit`` would be killed for memory (or kill something else)."""
+    import tracemalloc
+    import zipfile
+
+    # refused by its method whatever its size (bzip2 expands 1000x more than deflate), by its size if deflated
+    data = bomb_npz({"bzip2": zipfile.ZIP_BZIP2, "lzma": zipfile.ZIP_LZMA, "deflate": zipfile.ZIP_DEFLATED}[method],
+                    300 if method == "deflate" else 1)
+    folder = tmp_path / "set"
+    lines = good_lines(folder)
+    lines[1]["segments"] = base64.b64encode(data).decode("ascii")
+    path = write_lines(folder / "set.jsonl", lines)
+    tracemalloc.start()
+    try:
+        msg = refused(LabelStore(tmp_path / "store"), path, "line 2", "segments")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ("method numpy does not write" if method != "deflate" else "MiB") in msg
+    assert peak < 50 << 20, peak  # bytes: nothing expanded (the deflated bomb holds 300 MB)
+    from rlhp_jax.human.teacher import read_segments
+
+    assert set(read_segments(io.BytesIO(bomb_npz(None)))) == set(SHAPES)  # the same writer, no bomb: fine
+
+
+@pytest.mark.parametrize("case", ["heic", "beside", "not_mp4_name"])
+def test_a_clip_must_be_a_video_in_the_set_s_clips_folder(tmp_path, case):
+    """A set saved into a Downloads folder must not have the page serve, or the next export send
+    back, the photos and videos beside it: a HEIC or AVIF photo starts with an ftyp box too."""
+    folder = tmp_path / "Downloads"
+    lines = good_lines(folder)
+    (folder / "IMG_0001.HEIC").write_bytes(b"\x00\x00\x00\x18ftypheic" + b"photo")
+    (folder / "clips" / "IMG_0002.HEIC").write_bytes(b"\x00\x00\x00\x18ftypmif1" + b"photo")
+    (folder / "family.mp4").write_bytes(MP4 + b"holiday")
+    (folder / "clips" / "x.mov").write_bytes(MP4 + b"movie")
+    lines[0]["left_clip"] = {"heic": "clips/IMG_0002.HEIC", "beside": "family.mp4", "not_mp4_name": "clips/x.mov"}[case]
+    store = LabelStore(tmp_path / "store")
+    refused(store, write_lines(folder / "set.jsonl", lines), "line 1", "left_clip")
+    assert not any(b"photo" in p.read_bytes() or b"holiday" in p.read_bytes()
+                   for p in store.root.rglob("*") if p.is_file())
+
+
+def test_an_id_the_store_holds_for_another_pair_is_refused(tmp_path):
+    """Answers given about other clips are never attached to the store's pair of the same id; the
+    same pair again (a re-import) is skipped as before."""
+    folder = tmp_path / "set"
+    lines = good_lines(folder)
+    store = LabelStore(tmp_path / "store")
+    path = write_lines(folder / "set.jsonl", lines)
+    assert exchange.import_jsonl(store, path)["pairs"] == 2
+    assert exchange.import_jsonl(store, path) == dict(pairs=0, labels=0, skipped_pairs=2, skipped_labels=2)
+    other = tmp_path / "other"
+    lines = good_lines(other)
+    lines[1]["segments"] = npz_b64(**segment_arrays(7))
+    lines[1]["labels"] = [dict(labeler="alice", choice="right")]
+    refused(store, write_lines(other / "set.jsonl", lines), "line 2", "other clips or segments")
+    assert [lab.labeler for lab in store.labels_for("q1")] == ["ann"]
+
+
+def test_a_pair_for_a_training_run_names_its_task(tmp_path):
+    folder = tmp_path / "set"
+    lines = good_lines(folder)
+    lines[1]["env"] = lines[1]["info"]["env"] = None
+    refused(make_run(tmp_path / "run"), write_lines(folder / "set.jsonl", lines), "line 2", "env", "CartPole-v1")
+
+
+@pytest.mark.parametrize("qid", ["..", ".", "é1", "-x"])
+def test_a_pair_id_names_a_url_path_segment(tmp_path, qid):
+    folder = tmp_path / "set"
+    lines = good_lines(folder)
+    lines[0]["id"] = qid
+    refused(LabelStore(tmp_path / "store"), write_lines(folder / "set.jsonl", lines), "line 1", "id")

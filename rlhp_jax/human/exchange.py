@@ -17,15 +17,19 @@ Importing (``import_jsonl``; or ``read_pairs`` then ``import_pairs``, to check a
 store is even opened) is
 
 * safe: a clip path is relative to the file and must resolve (symlinks followed) inside the
-  file's folder, to a regular file that starts like an MP4 (an ISO-BMFF ``ftyp`` box).  An
-  absolute path, a ``..`` or a symlink out of the folder, a directory, a FIFO, a device or a file
-  that is not video is refused: nothing outside the folder is copied into a store (whose page
-  serves its clips).
+  file's folder, into a ``clips/`` or ``NAME_clips/`` folder there, to a regular ``.mp4`` file
+  that starts like an MP4 video (an ISO-BMFF ``ftyp`` box of a video brand).  An absolute path, a
+  ``..`` or a symlink out of the folder, any other file beside the JSONL (a set saved into a
+  Downloads folder must not have its photos served, or sent back by the next export), a
+  directory, a FIFO, a device or a file that is not video is refused.  Segments are read within a
+  memory budget (``teacher.read_segments``): a compression bomb is refused before it expands.
+  A pair whose id the store holds already must be that pair (the same segments and clips), or its
+  answers would be taken for answers about another pair.
 * checked, line by line, before anything is written: UTF-8, one JSON object per line, every
   field of its type (``_PAIR_FIELDS``, ``_INFO_FIELDS``, ``_LABEL_FIELDS``), ids unique in the
   file, segments a readable ``.npz`` of a pair (``teacher.check_pair``); and, into a training run
   (a directory with the trainer's ``config.json``, whose ``labels.sqlite`` it learns from), every
-  pair with segments and of the run's task.  The first problem raises :class:`LabeledSetError`
+  pair with segments and naming the run's task.  The first problem raises :class:`LabeledSetError`
   (a ValueError), one line naming the file, the line, the field and what it must be.
 * all or nothing: then the clips outside the store and the segments are written (each under a
   temporary name, renamed into place, never over an existing file) and every pair and answer is
@@ -341,8 +345,9 @@ def _checked_pair(line: int, d: dict, folder: Path, training: bool, task: str | 
     info = dict(d.get("info") or {})
     if d.get("env"):
         info.setdefault("env", d["env"])
-    if task is not None and info.get("env") not in (None, task):
-        raise _Bad("env", f"this run learns {task}, the pair is from {_show(info['env'])}")
+    if task is not None and info.get("env") != task:
+        raise _Bad("env", f"this run learns {task}, the pair is from {_show(info['env'])}" if info.get("env") else
+                   f"null, but a training run learns only from pairs of its own task ({task}): name the pair's")
     segments = None
     if d.get("segments") is not None:
         segments, _ = _segments(d["segments"])
@@ -368,8 +373,22 @@ def _clip_source(folder: Path, rel: str, field: str) -> Path:
         raise _Bad(field, f"{_show(rel)} cannot be resolved ({e})") from None
     if not src.is_relative_to(folder):
         raise _Bad(field, f"{_show(rel)} leads out of the JSONL file's folder (clips must lie in it)")
+    # a set's clips lie in its clips folder (``clips/``, or ``NAME_clips/`` beside an export): a line
+    # naming any other file in the folder it was saved to (a Downloads folder of photos, videos and
+    # documents) would have the page serve it and the next export send it back
+    parents = src.relative_to(folder).parts[:-1]
+    if not src.exists():
+        raise _Bad(field, f"{_show(rel)} not found (paths are relative to the JSONL file)")
+    if src.suffix.lower() != ".mp4" or not any(part == "clips" or part.endswith("_clips") for part in parents):
+        raise _Bad(field, f"{_show(rel)} is not a clip of the set: clips are .mp4 files in a clips/ or "
+                          "NAME_clips/ folder beside the JSONL file")
     with _open_clip(src, field, rel):
         return src
+
+
+# the major brands of an MP4 video (ISO base media; the clips the project encodes say isom), not those
+# of the other formats that share the container: heic/mif1/avif photos, "M4A " audio, "qt  " movies, raw photos
+_VIDEO_BRANDS = frozenset({b"isom", b"iso2", b"iso3", b"iso4", b"iso5", b"iso6", b"mp41", b"mp42", b"avc1", b"M4V "})
 
 
 def _open_clip(src: Path, field: str, rel: str) -> IO[bytes]:
@@ -388,8 +407,10 @@ def _open_clip(src: Path, field: str, rel: str) -> IO[bytes]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _Bad(field, f"{shown} is not a regular file")
-        if f.read(12)[4:8] != b"ftyp":
-            raise _Bad(field, f"{shown} is not an MP4 video (no ftyp box at its start)")
+        head = f.read(12)
+        if head[4:8] != b"ftyp" or head[8:12] not in _VIDEO_BRANDS:
+            raise _Bad(field, f"{shown} is not an MP4 video (its start is no ftyp box of an MP4 video brand: "
+                              "a HEIC or AVIF photo, M4A audio or a QuickTime movie starts with one too)")
         f.seek(0)
     except BaseException:
         f.close()
@@ -403,6 +424,12 @@ def import_pairs(store: LabelStore, checked: CheckedSet, wanted: int | None = No
     if wanted is not None and not _count(wanted):
         raise ValueError(f"wanted must be a whole number from 0 to {MAX_WANTED}, got {wanted!r}")
     new = [p for p in checked.pairs if not _known(store, p.id)]
+    fresh = {p.id for p in new}
+    for p in checked.pairs:
+        if p.id not in fresh and not _same_pair(store, p):
+            raise LabeledSetError(f"{checked.path}, line {p.line}: id: {_show(p.id)} is a pair of this store "
+                                  "already, with other clips or segments: its answers would be taken for answers "
+                                  "about that pair (nothing imported)")
     written: list[Path] = []
     try:
         placed = {p.id: _place_files(store, checked.path, p, written) for p in new}
@@ -433,36 +460,60 @@ def _known(store: LabelStore, query_id: str) -> bool:
         return False
 
 
+def _same_pair(store: LabelStore, p: CheckedPair) -> bool:
+    """Whether the store's pair of ``p``'s id shows and holds what ``p`` does (an earlier import or
+    an export of it): the same segments and the same bytes in both clips."""
+    q = store.query(p.id)
+    try:
+        if (p.segments is None) != (not q["segments"]) or (
+                p.segments is not None and store.resolve(q["segments"]).read_bytes() != p.segments):
+            return False
+        return all(store.resolve(q[f"{side}_clip"]).read_bytes() == src.read_bytes()
+                   for side, src in zip(("left", "right"), p.clips))
+    except (OSError, StoreError):  # a file of the store's own gone missing: not known to be the same
+        return False
+
+
 def _place_files(store: LabelStore, source: Path, p: CheckedPair, written: list[Path]):
     """The pair's clips (copied in unless already inside the store) and segments as files of the
-    store; every file and folder made is added to ``written``."""
+    store; every file and folder made is added to ``written`` (and only those: a name another
+    import took meanwhile is never written over, nor removed if this import fails)."""
     clips = []
     for side, src in zip(("left", "right"), p.clips):
         if src.is_relative_to(store.root):
             clips.append(src)
             continue
-        dst = _new_file(store.root / "clips" / "imported", f"{p.id}-{side}", ".mp4", written)
-        with _at(source, p.line), _open_clip(src, f"{side}_clip", str(src)) as f:
-            write_atomic(dst, lambda out: shutil.copyfileobj(f, out, 1 << 20))
-        clips.append(dst)
+
+        def copy(out, side=side, src=src):
+            with _at(source, p.line), _open_clip(src, f"{side}_clip", str(src)) as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+
+        clips.append(_write_new(store.root / "clips" / "imported", f"{p.id}-{side}", ".mp4", copy, written))
     seg = None
     if p.segments is not None:
-        seg = _new_file(store.root / "segments", p.id, ".npz", written)
-        write_atomic(seg, p.segments)
+        seg = _write_new(store.root / "segments", p.id, ".npz", p.segments, written)
     return clips[0], clips[1], seg
 
 
-def _new_file(folder: Path, stem: str, suffix: str, written: list[Path]) -> Path:
-    """A name in ``folder`` (made if needed) that no file has yet, added to ``written``."""
+def _write_new(folder: Path, stem: str, suffix: str, content, written: list[Path]) -> Path:
+    """``content`` (``files.write_atomic``'s) as a new file in ``folder`` (made if needed) under a
+    name no file has: ``STEM.SUFFIX``, else ``STEM-XXXXXX.SUFFIX``.  What it makes goes into ``written``."""
     for parent in reversed([folder, *folder.parents]):
         if not parent.exists():
-            parent.mkdir()
+            try:
+                parent.mkdir()
+            except FileExistsError:  # another import's, made meanwhile: not ours to remove
+                continue
             written.append(parent)
     path = folder / f"{stem}{suffix}"
-    while path.exists() or path in written:
-        path = folder / f"{stem}-{secrets.token_hex(3)}{suffix}"
-    written.append(path)
-    return path
+    while True:
+        try:
+            write_atomic(path, content, replace=False)
+        except FileExistsError:  # there before, or placed by another import since
+            path = folder / f"{stem}-{secrets.token_hex(3)}{suffix}"
+            continue
+        written.append(path)
+        return path
 
 
 def _insert(store: LabelStore, pairs: Iterable[CheckedPair], placed: dict, wanted: int | None) -> dict[str, int]:

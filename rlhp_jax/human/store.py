@@ -489,8 +489,11 @@ def _unusable_reason(path: Path) -> str | None:
 
 
 def check_query_id(qid: str) -> str:
-    if not (1 <= len(qid) <= 64 and all(c.isalnum() or c in "-_." for c in qid)):
-        raise StoreError("pair id must be 1-64 characters of letters, digits and - _ .")
+    """A pair id names its clips' URLs (``/api/clip/ID/left``) and its segments' file: ASCII letters
+    and digits first, then those and ``- _ .`` (``.`` or ``..`` alone would be read as a folder of
+    the URL, and the pair's clips would never load)."""
+    if not (isinstance(qid, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", qid)):
+        raise StoreError("pair id must be 1-64 ASCII letters, digits and - _ ., beginning with a letter or digit")
     return qid
 
 
