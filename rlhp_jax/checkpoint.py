@@ -81,7 +81,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlhp_jax.files import fsync_dir, write_atomic
+from rlhp_jax.files import fsync_dir, own_folder, refuse_link, write_atomic
 
 # The name orbax gives a step directory while it is being written (orbax-checkpoint 0.12's
 # ``TMP_DIR_SUFFIX``; tests/test_checkpoint.py checks it against the installed orbax).  A constant,
@@ -297,6 +297,7 @@ class Checkpointer:
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise CheckpointError(f"keep must be a positive int or None (keep all), got {keep!r}")
         self.directory = Path(directory).absolute()
+        refuse_link(self.directory, "folder")  # read or written: either way another place than the run's
         self.keep = keep
         self.background = background
         self.restored_step: int | None = None
@@ -451,6 +452,7 @@ class Checkpointer:
     def _prepare_directory(self) -> None:
         """Creates or checks the directory and removes what interrupted saves and deletions left."""
         marker = self.directory / ROOT_MARKER
+        refuse_link(self.directory, "folder")  # a run's checkpoints are its own: pruning through a link deletes others'
         if self.directory.exists() and not self.directory.is_dir():
             raise CheckpointError(f"{self.directory} exists and is not a directory")
         if not marker.is_file():
@@ -460,7 +462,7 @@ class Checkpointer:
                     f"{self.directory} already holds step directories {foreign[:_MAX_LISTED]} that were not "
                     "written by rlhp_jax.checkpoint (no RLHP_CHECKPOINTS file); refusing to save there, "
                     "since interrupted saves would be cleaned up. Use another directory.")
-            self.directory.mkdir(parents=True, exist_ok=True)
+            own_folder(self.directory)
             fsync_dir(self.directory.parent)
             write_atomic(marker, f"rlhp_jax checkpoints, format {FORMAT_VERSION}\n")
         for p in list(self.directory.iterdir()):
@@ -573,6 +575,7 @@ class Checkpointer:
         step_dir = self._step_dir(step)
         if step_dir.is_symlink():  # os.walk would follow it: the step itself must be what the save wrote
             raise _Corrupt(f"{step_dir.name} is a symbolic link, which no save writes")
+        found = set()
         for root, dirs, names in os.walk(step_dir):  # exactly what the commit wrote: nothing added, no link
             for n in dirs + names:
                 p = Path(root) / n
@@ -581,6 +584,12 @@ class Checkpointer:
                     raise _Corrupt(f"{rel} is a symbolic link, which no save writes")
                 if n in names and rel not in record["files"] and rel != COMMIT_FILE:
                     raise _Corrupt(f"file {rel} was not written by the save its commit record describes")
+                if n in names:
+                    found.add(rel)
+        for rel in record["files"]:  # and nothing else: a record naming /dev/zero or ../x is no save's
+            if rel not in found:
+                raise _Corrupt(f"file {rel} is missing" if "/../" not in f"/{rel}/" and not os.path.isabs(rel)
+                               else f"its record names {rel!r}, outside the step")
         for rel, (size, crc) in record["files"].items():
             p = step_dir / rel
             try:

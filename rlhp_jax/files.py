@@ -80,6 +80,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class ForeignLink(ValueError):
+    """A folder or store of a run is a symbolic link: reading or writing through it would act on
+    whatever it points at (another run's checkpoints, a file of the user's)."""
+
+
+def own_folder(path: str | os.PathLike) -> Path:
+    """``path`` as a folder a run writes in (its checkpoints, TensorBoard events, clips, a sweep's
+    lanes), made if missing: refused (:class:`ForeignLink`) where it is a symbolic link, which a run
+    directory from someone else may hold (``checkpoints -> ../your-run/checkpoints``: pruning there
+    deletes your run's steps), or anything but a folder."""
+    path = Path(path)
+    refuse_link(path, "folder")
+    path.mkdir(parents=True, exist_ok=True)
+    refuse_link(path, "folder")  # (made by someone else between the check and the mkdir)
+    if not path.is_dir():
+        raise ForeignLink(f"{path} is not a folder")
+    return path
+
+
+def refuse_link(path: str | os.PathLike, what: str = "file") -> None:
+    """:class:`ForeignLink` where ``path`` is a symbolic link (dangling or not)."""
+    if os.path.islink(path):
+        raise ForeignLink(f"{path} is a symbolic link (to {os.readlink(path)}): a run's {what}s are its own, "
+                          "never another place reached through a link; remove the link or choose another directory")
+
+
 def write_atomic(path: str | os.PathLike, content: bytes | str | Callable[[IO[bytes]], None], *,
                  durable: bool = True, replace: bool = True) -> Path:
     """Replace ``path`` by ``content`` in one step: bytes, text (UTF-8), or a function that writes

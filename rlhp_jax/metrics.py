@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlhp_jax.files import open_append, write_atomic
+from rlhp_jax.files import open_append, own_folder, write_atomic
 
 
 def segment_return_correlation(predicted: jax.Array, true: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -66,15 +66,20 @@ def _jsonable(v):
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The rows of a metrics file: every line that is a JSON object.  A line cut short by a crash, or
+    anything else (a damaged or hand-edited file: ``[1, 2]``, a number of a thousand digits, text that
+    is not UTF-8), is not a row and is left out, so every reader meets only dicts."""
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.strip()
             if line:
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:  # a row cut short by a crash
+                    row = json.loads(line)
+                except (ValueError, RecursionError):  # JSONDecodeError, a too-long integer, nesting too deep
                     continue
+                if isinstance(row, dict):
+                    rows.append(row)
     return rows
 
 
@@ -301,8 +306,7 @@ class TensorBoardWriter:
         SummaryWriter = deferred.import_module("tensorboardX", deferring=TENSORBOARDX_OPTIONAL,
                                                blocking=("torch",)).SummaryWriter
 
-        self.logdir = Path(logdir)
-        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.logdir = own_folder(logdir)  # never a link to elsewhere (a run directory from someone else)
         # tensorboardX names files events.out.tfevents.<unix seconds>.<host><suffix> and opens them
         # with "wb": the nanosecond suffix keeps a writer opened in the same second from overwriting
         # the previous file, and keeps TensorBoard's (name-sorted) reading order the creation order.

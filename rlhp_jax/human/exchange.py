@@ -59,7 +59,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 import numpy as np
 
 from rlhp_jax.config_fields import config_object, is_sweep_config
-from rlhp_jax.files import write_atomic
+from rlhp_jax.files import refuse_link, write_atomic
 from rlhp_jax.human.store import (CHOICES, MU, LabelStore, StoreError, UnknownQuery, check_labeler,
                                   check_query_id)
 from rlhp_jax.human.teacher import TRAIN_KEYS, check_pair, read_segments
@@ -488,17 +488,21 @@ def _place_files(store: LabelStore, source: Path, p: CheckedPair, written: list[
             with _at(source, p.line), _open_clip(src, f"{side}_clip", str(src)) as f:
                 shutil.copyfileobj(f, out, 1 << 20)
 
-        clips.append(_write_new(store.root / "clips" / "imported", f"{p.id}-{side}", ".mp4", copy, written))
+        clips.append(_write_new(store.root, store.root / "clips" / "imported", f"{p.id}-{side}", ".mp4", copy,
+                                written))
     seg = None
     if p.segments is not None:
-        seg = _write_new(store.root / "segments", p.id, ".npz", p.segments, written)
+        seg = _write_new(store.root, store.root / "segments", p.id, ".npz", p.segments, written)
     return clips[0], clips[1], seg
 
 
-def _write_new(folder: Path, stem: str, suffix: str, content, written: list[Path]) -> Path:
-    """``content`` (``files.write_atomic``'s) as a new file in ``folder`` (made if needed) under a
-    name no file has: ``STEM.SUFFIX``, else ``STEM-XXXXXX.SUFFIX``.  What it makes goes into ``written``."""
+def _write_new(root: Path, folder: Path, stem: str, suffix: str, content, written: list[Path]) -> Path:
+    """``content`` (``files.write_atomic``'s) as a new file in ``folder`` below the store's ``root``
+    (made if needed; no link on the way) under a name no file has: ``STEM.SUFFIX``, else
+    ``STEM-XXXXXX.SUFFIX``.  What it makes goes into ``written``."""
     for parent in reversed([folder, *folder.parents]):
+        if parent.is_relative_to(root) and parent != root:
+            refuse_link(parent, "folder")  # clips/ or segments/ a link out of a store from someone else
         if not parent.exists():
             try:
                 parent.mkdir()

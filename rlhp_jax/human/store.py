@@ -465,6 +465,10 @@ def _unusable_reason(path: Path) -> str | None:
     SQLite (which would first create journal files beside it), or None (absent or empty: a new
     store; or a sound-looking SQLite database).  Damage deeper in a file that passes is reported
     by SQLite when the store is opened or read."""
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):  # SQLite opens (and writes) through links
+        if name.is_symlink():
+            return (f"{name.name} is a symbolic link (to {os.readlink(name)}): a label store is its own file, never "
+                    "another database reached through a link")
     try:
         if not path.exists():
             return None

@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from rlhp_jax.demos import read_npz, save_arrays
+from rlhp_jax.files import own_folder
 from rlhp_jax.human.store import MU, LabelStore, StoreError
 from rlhp_jax.labels import padded_batches
 from rlhp_jax.teachers import Answers
@@ -143,8 +144,8 @@ class HumanTeacher:
         self.pair_shapes = None if pair_shapes is None else {k: tuple(pair_shapes[k]) for k in TRAIN_KEYS}
         self._skipped: set[str] = set()  # pairs already warned about
         self.store = store or LabelStore(self.run_dir)
-        (self.run_dir / "clips").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "segments").mkdir(parents=True, exist_ok=True)
+        own_folder(self.run_dir / "clips")
+        own_folder(self.run_dir / "segments")
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="clips")
         self._inflight: list[concurrent.futures.Future] = []
         self._lock = threading.Lock()
