@@ -247,6 +247,19 @@ def _garble_record(step_dir: Path):
     (step_dir / COMMIT_FILE).write_text(json.dumps(rec))
 
 
+def _record_names_outside(step_dir: Path):
+    """A forged record (its CRC recomputed) that also lists a file outside the step: a restore
+    would check, and read, whatever it names (``/dev/zero`` read for ever)."""
+    from rlhp_jax.checkpoint import _record_crc
+
+    outside = step_dir.parent.parent / "outside-empty"
+    outside.write_bytes(b"")
+    rec = json.loads((step_dir / COMMIT_FILE).read_text())
+    rec["body"]["files"][str(outside)] = [0, 0]  # an empty file's size and CRC-32: every check passes
+    rec["crc32"] = _record_crc(rec["body"])
+    (step_dir / COMMIT_FILE).write_text(json.dumps(rec))
+
+
 def _truncate_orbax_metadata(step_dir: Path):
     (step_dir / "_CHECKPOINT_METADATA").write_text('{"item_hand')
 
@@ -281,7 +294,7 @@ def _add_a_file(step_dir: Path):
 
 
 @pytest.mark.parametrize("corrupt", [_truncate, _garble, _garble_record, _truncate_orbax_metadata, _delete_meta,
-                                     _link_elsewhere, _step_linked_elsewhere, _add_a_file])
+                                     _link_elsewhere, _step_linked_elsewhere, _add_a_file, _record_names_outside])
 def test_corrupt_newest_falls_back_to_previous(tmp_path, corrupt):
     d = tmp_path / "ck"
     ckpt = Checkpointer(d, keep=3)
