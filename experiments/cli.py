@@ -494,6 +494,13 @@ def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
             and not (dest in defaults and defaults[dest] == value)]
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the host or the device ran out of memory (NumPy's MemoryError, XLA's
+    RESOURCE_EXHAUSTED)."""
+    return isinstance(e, MemoryError) or (type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+                                          and "RESOURCE_EXHAUSTED" in str(e))
+
+
 def main(domain: Domain, argv=None) -> int:
     parser = build_parser(domain)
     args = parser.parse_args(argv)
@@ -541,6 +548,12 @@ def main(domain: Domain, argv=None) -> int:
                     server.stop()
     except (ValueError, OSError) as e:  # a CheckpointError and a DemoError are ValueErrors
         return refuse(e)
+    except Exception as e:  # noqa: BLE001 — only running out of memory is refused here; the rest is raised
+        if not out_of_memory(e):
+            raise
+        return refuse(f"out of memory ({' '.join(str(e).split())[:160]}): the run asks for more than this machine "
+                      "holds; choose smaller sizes (--agent-config num_envs=..., --eval-episodes, --label-capacity, "
+                      "--segment-length, --ensemble.batch-size)")
     print(json.dumps(summary, indent=2))
     print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")
     return 0

@@ -465,7 +465,15 @@ class Figure:
 
     def check_run_args(self, run: Run, root: Path) -> None:
         """Raise :class:`GridError` when ``--run-args`` are not flags the runs' entry point takes:
-        found here, before any run starts, not once per run as each of them fails."""
+        found here, before any run starts, not once per run as each of them fails; or when they name
+        a flag the grid sets itself for each run (the last of two wins: ``--seed 3`` made every
+        ``…-seedN`` directory a copy of seed 3, averaged as if they were N seeds)."""
+        owned = ("--env", "--seed", "--steps", "--out", "--labels", "--baseline", "--resume")
+        taken = sorted({a.split("=", 1)[0] for a in run.extra if a.split("=", 1)[0] in owned})
+        if taken:
+            raise GridError(f"--run-args: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} the grid's own "
+                            "(--tasks, --seeds/--seed-list, --steps, --root, --labels name them); drop "
+                            f"{'it' if len(taken) == 1 else 'them'} from --run-args")
         try:
             grid_lib.expected_config(run, root)
         except SystemExit:  # argparse has printed the entry point's usage and the bad flag

@@ -296,7 +296,7 @@ def compare(dirs: list[str], out: Path) -> dict:
                 label = _setting_name(setting, config.get("reward_source", "model"), config.get("labels"))
                 groups[f"{d.name}: {label}"] = {key: grid(key) for key, _ in SWEEP_PANELS}
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError, IndexError,
-                AttributeError) as e:  # a damaged or hand-made file
+                AttributeError, OverflowError) as e:  # a damaged or hand-made file (a number of 400 digits)
             raise ValueError(f"{d} holds no sweep this version can draw: its summary.json or metrics.jsonl is not "
                              f"what a sweep writes ({type(e).__name__}: {' '.join(str(e).split())[:80]})") from None
     if len(envs) > 1:

@@ -106,6 +106,8 @@ class RunConfig:
             raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
         if self.candidate_factor < 1:
             raise ValueError(f"candidate_factor must be >= 1, got {self.candidate_factor}")
+        check_ranges(self, counts=("total_steps", "candidate_factor", "segment_length", "max_pending_queries"),
+                     nonnegative=("labels",))  # and each within MAX_COUNT: 10**20 steps is a refusal, not a traceback
         if self.agent not in agents_lib.AGENTS:
             raise ValueError(f"Unknown agent {self.agent!r}. Available agents: {', '.join(agents_lib.AGENTS)}.")
         if self.ablation is not None and self.ablation not in ABLATIONS:

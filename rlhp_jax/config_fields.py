@@ -149,17 +149,26 @@ def conform_fields(instance) -> None:
             object.__setattr__(instance, name, fixed)
 
 
+MAX_COUNT = 2**31 - 1  # the compiled programs count steps, labels and episodes in int32
+
+
 def check_ranges(cfg, *, counts=(), positive=(), nonnegative=(), fractions=()) -> None:
     """The named fields of ``cfg`` within their bounds: ``counts`` >= 1, ``positive`` > 0,
-    ``nonnegative`` >= 0, ``fractions`` in [0, 1]; None (an unset optional field) and traced
-    values pass.  Raises ``ValueError("<field> must be ..., got <value>")``."""
+    ``nonnegative`` >= 0, ``fractions`` in [0, 1], and every one finite and at most
+    :data:`MAX_COUNT` (a hand-edited ``config.json`` asking for 10**20 steps ended in a NumPy or XLA
+    traceback); None (an unset optional field) and traced values pass.  Raises
+    ``ValueError("<field> must be ..., got <value>")``."""
     rules = ((counts, lambda v: v >= 1, "must be at least 1"), (positive, lambda v: v > 0, "must be > 0"),
              (nonnegative, lambda v: v >= 0, "must be >= 0"), (fractions, lambda v: 0 <= v <= 1, "must be in [0, 1]"))
     for names, ok, requirement in rules:
         for name in names:
             value = getattr(cfg, name)
-            if value is not None and is_concrete(value) and not ok(value):
+            if value is None or not is_concrete(value):
+                continue
+            if not ok(value):
                 raise ValueError(f"{name} {requirement}, got {value}")
+            if not (math.isfinite(value) and value <= MAX_COUNT):
+                raise ValueError(f"{name} must be finite and at most {MAX_COUNT:,}, got {value}")
 
 
 SWEEP_KEY = "sweep"  # experiments.sweep's config.json: its base run config, and the sweep's own flags under this key
@@ -175,11 +184,17 @@ def config_object(directory) -> dict | None:
     """``directory``'s ``config.json`` as a plain JSON object, unchecked, or None where it is missing
     or is not one (a run killed while writing it, a damaged file): for tools that only look at what
     a directory holds (a grid's plan, a sweep's output directory, the labeling tools)."""
+    path = Path(directory) / "config.json"
     try:
-        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:  # a FIFO would be read for ever
+            return None
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     return config if isinstance(config, dict) else None
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; nothing larger is read as one
 
 
 def dataclass_from_json(cls, values: Any, where: str = ""):

@@ -26,6 +26,8 @@ The modifications of Christiano et al. 2017, appendix A, live here and only here
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import jax
@@ -64,9 +66,22 @@ class GymnaxVecEnv:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         name = task.name
-        settings = {**dict(horizon=task.horizon, terminal_penalty=task.terminal_penalty,
-                           segment_length=task.segment_length, reward_std=task.reward_std,
-                           on_terminate=task.on_terminate), **overrides}
+        settings = dict(horizon=task.horizon, terminal_penalty=task.terminal_penalty,
+                        segment_length=task.segment_length, reward_std=task.reward_std,
+                        on_terminate=task.on_terminate)
+        unknown = sorted(set(overrides) - set(settings))
+        if unknown:  # (a misspelt option ran the task as it is, without a word)
+            raise ValueError(f"unknown env option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                             f"for {name}; its options: {', '.join(settings)}")
+        settings.update(overrides)
+        for key in ("horizon", "segment_length"):
+            if not (isinstance(settings[key], int) and not isinstance(settings[key], bool) and settings[key] >= 1):
+                raise ValueError(f"env option {key} must be a whole number of steps >= 1, got {settings[key]!r}")
+        for key in ("terminal_penalty", "reward_std"):
+            if isinstance(settings[key], bool) or not isinstance(settings[key], (int, float)) \
+                    or not math.isfinite(settings[key]) or (key == "reward_std" and settings[key] <= 0):
+                raise ValueError(f"env option {key} must be a finite number{' > 0' if key == 'reward_std' else ''}, "
+                                 f"got {settings[key]!r}")
         self._env, params = gymnax.make(name)
         # The wrapper owns the clock: the inner task must never time out by itself.
         if hasattr(params, "max_steps_in_episode"):

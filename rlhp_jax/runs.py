@@ -25,7 +25,7 @@ except ImportError:  # not a POSIX system: runs go unlocked
     fcntl = None
 
 from rlhp_jax.config import config_from_json, config_to_json, ibarz_config_from_json
-from rlhp_jax.config_fields import describe, is_sweep_config
+from rlhp_jax.config_fields import MAX_CONFIG_BYTES, describe, is_sweep_config
 from rlhp_jax.files import remove_stale_temporaries, write_atomic
 from rlhp_jax.metrics import MetricsWriter, TensorBoardWriter, read_jsonl
 from rlhp_jax.refusal import check_out_directory
@@ -44,6 +44,8 @@ def read_run_config(run_dir: str | Path):
     if not path.is_file():
         raise ValueError(f"{run_dir}: no config.json there (is it a run directory?)")
     not_runnable = lambda e: ValueError(f"{path} is not a configuration this version can run ({e})")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise not_runnable(f"{path.stat().st_size:,} bytes: a run's config.json is a few kB")
     try:
         saved = json.loads(path.read_bytes().decode("utf-8"))
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -188,6 +190,15 @@ def finished_line(out: Path, where: str) -> str:
     return f"{out} had finished ({where}): nothing left to train; writing its summary and plots again"
 
 
+def _judged(keep_row: Callable[[dict], bool], row: dict) -> bool:
+    """``keep_row(row)``; a row it cannot judge (no ``iteration``, a text where a number belongs: a
+    damaged or hand-edited metrics file) is not one the checkpoint covers."""
+    try:
+        return bool(keep_row(row))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def open_run(out: Path, cfg, *, restoring: bool, resume: bool, keep_row: Callable[[dict], bool],
              purge_step: int) -> tuple[MetricsWriter, TensorBoardWriter]:
     """Make ``out`` ready for the run and open its metrics writers.
@@ -200,7 +211,7 @@ def open_run(out: Path, cfg, *, restoring: bool, resume: bool, keep_row: Callabl
     out = Path(out)
     if restoring:
         path = out / "metrics.jsonl"
-        rows = [r for r in read_jsonl(path) if keep_row(r)] if path.exists() else []
+        rows = [r for r in read_jsonl(path) if _judged(keep_row, r)] if path.exists() else []
         # whole or not at all: a kill here must not cut the rows the checkpoint covers
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     else:

@@ -295,8 +295,12 @@ def test_sweep_compare_draws_finished_sweeps(tmp_path):
         sweep.run(["--compare", str(tmp_path / "missing"), "--out", str(tmp_path / "z")])
 
 
+_HUGE = "".join(f'{{"seed": {s}, "iteration": {i}, "env_steps": {100 * i}, "eval_return": {"9" * 400 if i == 2 else 1.0}}}\n'
+               for s in range(3) for i in (1, 2, 3))  # a number of 400 digits: JSON reads it, a float cannot hold it
+
+
 @pytest.mark.parametrize("file, content", [
-    ("summary.json", "{}"), ("summary.json", "[1, 2]"), ("summary.json", '{"env": "CartPole-v1", "settings": 5}'),
+    ("metrics.jsonl", _HUGE), ("summary.json", "{}"), ("summary.json", "[1, 2]"), ("summary.json", '{"env": "CartPole-v1", "settings": 5}'),
     ("summary.json", '{"env": "CartPole-v1", "settings": [{"setting": {"lr": 0.1}}]}'), ("summary.json", "{"),
     ("metrics.jsonl", '{"iteration": 1}\n'), ("config.json", "[1]"), ("config.json", "\udcff")])
 def test_sweep_compare_refuses_a_damaged_sweep_in_one_line(tmp_path, capsys, file, content):

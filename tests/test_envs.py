@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -154,3 +156,16 @@ def test_gymnax_import_defers_its_plotting_libraries_until_used():
                          cwd=str(Path(__file__).parents[1]))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[:3] == ["[]", "Figure 3 True", "True True"], out.stdout
+
+
+@pytest.mark.parametrize("options, says", [(dict(bogus_option=1), "unknown env option 'bogus_option'"),
+                                           (dict(horizon=0), "horizon must be a whole number"),
+                                           (dict(segment_length=2.5), "segment_length must be a whole number"),
+                                           (dict(reward_std=float("nan")), "reward_std must be a finite number > 0")])
+def test_a_classic_task_refuses_options_it_does_not_take(options, says):
+    """Atari and MuJoCo refused an unknown option; a gymnax task ran as it is (``--env-options
+    '(("horizn",100),)'`` trained at the default horizon without a word) or with a horizon of 0."""
+    from rlhp_jax.envs import make_env
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        make_env("CartPole-v1", 2, **options)

@@ -163,3 +163,88 @@ def test_the_clip_encoder_s_temporary_file_is_one_the_clean_up_recognises(tmp_pa
     stale = tmp.with_name(tmp.name.replace(f".{os.getpid()}.", ".0."))  # the same name, a writer that is gone
     stale.write_text("x")
     assert remove_stale_temporaries(tmp_path) == [stale] and os.listdir(tmp_path) == ["a.mp4"]
+
+
+def test_a_run_s_folders_and_label_store_are_never_reached_through_a_link(tmp_path):
+    """A run directory from someone else may hold ``checkpoints -> ../your-run/checkpoints`` (a
+    resume there pruned your run's steps and wrote its own), ``tensorboard -> elsewhere`` or
+    ``labels.sqlite -> a database of yours`` (``human stats`` turned it into a label store): each is
+    refused, and nothing is written where the link points."""
+    from rlhp_jax.checkpoint import Checkpointer
+    from rlhp_jax.files import ForeignLink
+    from rlhp_jax.human.store import LabelStore, StoreUnavailable
+    from rlhp_jax.metrics import TensorBoardWriter
+
+    victim = tmp_path / "victim"
+    Checkpointer(victim / "checkpoints", keep=3).save(1, {"x": np.zeros(3, np.float32)}, {"step": 1})
+    (victim / "tb").mkdir()
+    (victim / "mine.sqlite").write_bytes(b"")
+    before = snapshot_tree(victim)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for name, target in (("checkpoints", victim / "checkpoints"), ("tensorboard", victim / "tb"),
+                         ("labels.sqlite", victim / "mine.sqlite")):
+        (foreign / name).symlink_to(target)
+    with pytest.raises(ForeignLink, match="checkpoints is a symbolic link"):
+        Checkpointer(foreign / "checkpoints", keep=1)
+    with pytest.raises(ForeignLink, match="tensorboard is a symbolic link"):
+        TensorBoardWriter(foreign / "tensorboard")
+    with pytest.raises(StoreUnavailable, match="symbolic link"):
+        LabelStore(foreign)
+    (foreign / "labels.sqlite").unlink()
+    (foreign / "labels.sqlite-wal").symlink_to(victim / "mine.sqlite")  # SQLite would write its journal there
+    with pytest.raises(StoreUnavailable, match="labels.sqlite-wal is a symbolic link"):
+        LabelStore(foreign)
+    assert snapshot_tree(victim) == before
+
+
+def snapshot_tree(root: Path):
+    return sorted((p.relative_to(root).as_posix(), p.read_bytes() if p.is_file() else None) for p in root.rglob("*"))
+
+
+def test_a_config_json_that_is_a_fifo_or_huge_is_no_run_s(tmp_path):
+    """``sweep --compare``, ``human serve`` and a grid's plan read ``config.json`` of directories
+    someone else made: a FIFO there hung them, reading for ever."""
+    from rlhp_jax.config_fields import MAX_CONFIG_BYTES, config_object
+
+    os.mkfifo(tmp_path / "config.json")
+    assert config_object(tmp_path) is None
+    with pytest.raises(ValueError, match="no config.json"):
+        runs.read_run_config(tmp_path)
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text('{"pad": "' + "x" * MAX_CONFIG_BYTES + '"}')
+    assert config_object(tmp_path) is None
+    with pytest.raises(ValueError, match="a few kB"):
+        runs.read_run_config(tmp_path)
+
+
+@pytest.mark.parametrize("field, value", [("total_steps", 10**20), ("eval_episodes", 10**12),
+                                          ("iteration_steps", 2**40), ("labels_per_rl_step", float("inf"))])
+def test_a_config_asking_for_absurd_sizes_is_refused_in_one_line(tmp_path, field, value, capsys):
+    """A hand-edited or received ``config.json`` asking for 10**20 steps ended a --resume in a NumPy
+    traceback (an array of 173 PiB), 2**40 iteration steps in an XLA overflow."""
+    from experiments import classic
+    from rlhp_jax.config import RunConfig, config_to_json
+
+    cfg = config_to_json(RunConfig.paper("CartPole-v1", 20, 0))
+    cfg[field] = value
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert classic.main(["--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and field in err and "Traceback" not in err
+
+
+def test_a_resume_keeps_the_rows_it_can_judge(tmp_path):
+    """A metrics row without ``iteration`` (a damaged file) ended a resume in a KeyError."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"iteration": 1}\n{"x": 2}\n{"iteration": "two"}\n{"iteration": 3}\n')
+    writer, board = runs.open_run(run, None, restoring=True, resume=True, keep_row=lambda r: r["iteration"] < 3,
+                                  purge_step=3)
+    writer.close()
+    board.close()
+    from rlhp_jax.metrics import read_jsonl
+
+    assert read_jsonl(run / "metrics.jsonl") == [{"iteration": 1}]

@@ -183,3 +183,14 @@ def test_a_metrics_writer_never_appends_through_a_link(tmp_path):
     writer.close()
     assert outside.read_text() == '{"mine": 1}\n' and not (run / "metrics.jsonl").is_symlink()
     assert read_jsonl(run / "metrics.jsonl") == [{"iteration": 1}]
+
+
+def test_a_damaged_metrics_file_gives_its_readers_only_rows(tmp_path):
+    """``[1, 2]`` or a 400-digit number in ``metrics.jsonl`` (a damaged or hand-edited file) ended a
+    resume, the falls plot and a figure's --plot-only in a traceback: every reader meets dicts."""
+    from rlhp_jax.metrics import read_jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"iteration": 1}\n[1, 2]\n3\n"x"\n{"iteration": 2, "big": ' + b"9" * 5000 + b"}\n"
+                     b"[[[[" * 100_000 + b"\n\xff\xfe\n" + b'{"iteration": 3}\n{"iteration": 4, "cut')
+    assert read_jsonl(path) == [{"iteration": 1}, {"iteration": 3}]

@@ -54,7 +54,9 @@ def random_rollout(env_name: str, steps: int, seed: int, **options):
     from rlhp_jax.envs import make_env
     from rlhp_jax.rollout import collect_rollout, uniform_random_policy
 
-    env = make_env(env_name, 1, seed=seed, **options)
+    if tasks.resolve(env_name).backend != "gymnax":  # envpool seeds its emulators when built; gymnax by the keys
+        options = dict(options, seed=seed)
+    env = make_env(env_name, 1, **options)
     spec = env.spec
 
     policy = uniform_random_policy(spec)
