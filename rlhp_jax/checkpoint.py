@@ -588,8 +588,7 @@ class Checkpointer:
                     found.add(rel)
         for rel in record["files"]:  # and nothing else: a record naming /dev/zero or ../x is no save's
             if rel not in found:
-                raise _Corrupt(f"file {rel} is missing" if "/../" not in f"/{rel}/" and not os.path.isabs(rel)
-                               else f"its record names {rel!r}, outside the step")
+                raise _Corrupt(f"its record names {rel!r}, which the step does not hold")
         for rel, (size, crc) in record["files"].items():
             p = step_dir / rel
             try:

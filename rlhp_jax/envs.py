@@ -27,7 +27,6 @@ The modifications of Christiano et al. 2017, appendix A, live here and only here
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import jax

@@ -376,9 +376,9 @@ def _clip_source(folder: Path, rel: str, field: str) -> Path:
     # a set's clips lie in its clips folder (``clips/``, or ``NAME_clips/`` beside an export): a line
     # naming any other file in the folder it was saved to (a Downloads folder of photos, videos and
     # documents) would have the page serve it and the next export send it back
-    parents = src.relative_to(folder).parts[:-1]
     if not src.exists():
         raise _Bad(field, f"{_show(rel)} not found (paths are relative to the JSONL file)")
+    parents = src.relative_to(folder).parts[:-1]
     if src.suffix.lower() != ".mp4" or not any(part == "clips" or part.endswith("_clips") for part in parents):
         raise _Bad(field, f"{_show(rel)} is not a clip of the set: clips are .mp4 files in a clips/ or "
                           "NAME_clips/ folder beside the JSONL file")

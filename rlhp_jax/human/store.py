@@ -47,6 +47,8 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from rlhp_jax.files import ForeignLink, refuse_link
+
 CHOICES = ("left", "right", "tie", "cant_tell")
 MU = {"left": 1.0, "right": 0.0, "tie": 0.5, "cant_tell": None}
 DEFAULT_LEASE_S = 120.0  # a pair not answered in 2 minutes goes back to the queue
@@ -466,9 +468,10 @@ def _unusable_reason(path: Path) -> str | None:
     store; or a sound-looking SQLite database).  Damage deeper in a file that passes is reported
     by SQLite when the store is opened or read."""
     for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):  # SQLite opens (and writes) through links
-        if name.is_symlink():
-            return (f"{name.name} is a symbolic link (to {os.readlink(name)}): a label store is its own file, never "
-                    "another database reached through a link")
+        try:
+            refuse_link(name, "label store")
+        except ForeignLink as e:
+            return str(e)
     try:
         if not path.exists():
             return None
