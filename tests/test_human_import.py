@@ -433,6 +433,43 @@ def test_an_export_outside_the_run_is_self_contained_and_imports_back(tmp_path):
                 src.resolve(src.query(q)[f"{side}_clip"]).read_bytes()
 
 
+def test_an_export_that_loses_its_name_leaves_no_clips_behind(tmp_path, monkeypatch):
+    """A file that appears at the export's name while it writes (another export's) is kept, and
+    the clips this export had copied beside it went with it: ``set_clips/`` was left behind."""
+    src = source_store(tmp_path / "run")
+    out = tmp_path / "elsewhere" / "set.jsonl"
+    lines = exchange.pair_lines
+
+    def then_someone_writes(*a, **k):
+        yield from lines(*a, **k)
+        out.write_text("someone else's labels\n")
+
+    monkeypatch.setattr(exchange, "pair_lines", then_someone_writes)
+    with pytest.raises(FileExistsError):
+        exchange.export_jsonl(src, out, overwrite=False)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["set.jsonl"]
+    assert out.read_text() == "someone else's labels\n"
+
+
+def test_an_export_never_writes_over_another_exports_clips(tmp_path):
+    """Two stores exported to one name in one folder: the second replaced the first's clip copies
+    (same pair ids, other videos) and so changed what the first set's lines show.  Without
+    ``overwrite`` a different copy is refused and kept; the same bytes (the same pair again) are fine."""
+    first, second = source_store(tmp_path / "a"), source_store(tmp_path / "b")
+    (tmp_path / "b" / "clips" / "1-right.mp4").write_bytes(MP4 + b"another video")
+    out = tmp_path / "out" / "set.jsonl"
+    exchange.export_jsonl(first, out, overwrite=False)
+    copies = {p.name: p.read_bytes() for p in (tmp_path / "out" / "set_clips").iterdir()}
+    out.unlink()  # moved away, say: its clips stay
+    with pytest.raises(FileExistsError, match="q1-right.mp4 already holds another clip"):
+        exchange.export_jsonl(second, out, overwrite=False)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "set_clips").iterdir()} == copies
+    assert not out.exists()
+    assert exchange.export_jsonl(first, out, overwrite=False) == 2  # the same pairs again
+    assert exchange.export_jsonl(second, out, overwrite=True) == 2
+    assert (tmp_path / "out" / "set_clips" / "q1-right.mp4").read_bytes() == MP4 + b"another video"
+
+
 def test_an_export_inside_the_run_points_at_its_clips(tmp_path):
     src = source_store(tmp_path / "run")
     out = tmp_path / "run" / "set.jsonl"

@@ -477,6 +477,24 @@ def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys, served, cmd)
     assert main(["serve", "--run", str(d)]) == 0 and served == [d / "labels.sqlite"]
 
 
+@pytest.mark.parametrize("cmd", ["stats", "export"])
+def test_reading_an_oracle_run_leaves_no_label_store_in_it(tmp_path, capsys, served, cmd):
+    """``stats`` and ``export`` only read: on a run that never showed a pair to people (the
+    synthetic oracle's) they made an empty labels.sqlite (and its -wal) in someone's run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"env": "CartPole-v1"}')
+    out = ["--out", str(tmp_path / "out.jsonl")] if cmd == "export" else []
+    assert main([cmd, "--run", str(run), *out]) == 2
+    assert "has no label store" in _one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.json", "run"] and served == []
+    queue = tmp_path / "q.jsonl"  # a queue file received without its store: nothing to read either
+    queue.write_text("")
+    assert main([cmd, "--queue", str(queue), *out]) == 2
+    assert "no q.sqlite beside it" in _one_error_line(capsys)
+    assert not (tmp_path / "q.sqlite").exists()
+
+
 def test_stats_on_a_file_that_is_not_a_database_leaves_it_as_it_was(tmp_path):
     store = tmp_path / "labels.sqlite"
     store.write_bytes(b"SQLite format 2\x00" + bytes(range(256)) * 8)

@@ -26,12 +26,14 @@ if TYPE_CHECKING:
     from rlhp_jax.human.store import LabelStore
 
 
-def _store_for(args, create: bool = True) -> LabelStore:
+def _store_for(args, create: str = "yes") -> LabelStore:
     """The store ``--run DIR`` (its ``labels.sqlite``) or ``--queue FILE`` (the ``.sqlite`` beside
-    it) names.  ``create=False`` (serve, stats, export): a new store is made only where one
-    belongs, in a run directory (the trainer's ``config.json``) or beside an existing queue
-    file; elsewhere an existing store is required and nothing is created.  A file that is not a
-    usable store raises :class:`~rlhp_jax.human.store.StoreUnavailable` (a ValueError)."""
+    it) names.  ``create``: ``"yes"`` (label, import) makes one where none is; ``"in_run"`` (serve)
+    only where one belongs, in a run directory (the trainer's ``config.json``) or beside an
+    existing queue file; ``"no"`` (stats, export: they only read) never: a store must be there,
+    so a look at someone's oracle run leaves no ``labels.sqlite`` behind.  Where none may be made,
+    nothing is created.  A file that is not a usable store raises
+    :class:`~rlhp_jax.human.store.StoreUnavailable` (a ValueError)."""
     from rlhp_jax.human.exchange import is_training_run
     from rlhp_jax.human.store import LabelStore
 
@@ -39,14 +41,19 @@ def _store_for(args, create: bool = True) -> LabelStore:
         run = Path(args.run)
         if not run.is_dir():
             raise ValueError(f"{run}: no such run directory")
-        if not create and not (run / LabelStore.FILENAME).exists() and not is_training_run(run):
-            raise ValueError(f"{run} is not a run directory (no config.json from the trainer, no "
-                             f"{LabelStore.FILENAME}); nothing was created")
+        if create != "yes" and not (run / LabelStore.FILENAME).exists():
+            if not is_training_run(run):
+                raise ValueError(f"{run} is not a run directory (no config.json from the trainer, no "
+                                 f"{LabelStore.FILENAME}); nothing was created")
+            if create == "no":
+                raise ValueError(f"{run} has no label store ({LabelStore.FILENAME}): no pair of it was "
+                                 "shown to people (a run with the synthetic oracle keeps none); nothing was created")
         return LabelStore(run)
     queue = Path(args.queue)
     path = queue.with_suffix(".sqlite")
-    if not create and not path.exists() and not queue.is_file():
-        raise ValueError(f"{queue}: no such queue file (and no {path.name} beside it); nothing was created")
+    if create != "yes" and not path.exists() and (create == "no" or not queue.is_file()):
+        raise ValueError(f"{queue}: no {path.name} beside it" + ("" if queue.is_file() else " and no such queue file")
+                         + "; nothing was created")
     return LabelStore(queue.parent, path=path)
 
 
@@ -223,7 +230,7 @@ def main(argv=None) -> int:
 
             check_binding(args.host, args.token)  # before anything is created
         if args.cmd == "serve":
-            store = _store_for(args, create=False)
+            store = _store_for(args, create="in_run")
             store.check_writable()
             serve_forever(store, _env_of(store), args)
         elif args.cmd == "label":
@@ -239,7 +246,7 @@ def main(argv=None) -> int:
             print(f"{args.pairs} pairs in {path}; label them with: python -m rlhp_jax.human label --queue {path}")
         elif args.cmd == "export":
             check_new_file(args.out, args.overwrite)  # an earlier export may be the only copy of its labels
-            store = _store_for(args, create=False)
+            store = _store_for(args, create="no")
             n = exchange.export_jsonl(store, args.out, labeled_only=args.labeled_only, overwrite=args.overwrite)
             print(f"{n} pairs written to {args.out}")
         elif args.cmd == "import":
@@ -251,7 +258,7 @@ def main(argv=None) -> int:
             if args.file:
                 lines = exchange.read_jsonl(args.file)
             else:
-                store = _store_for(args, create=False)
+                store = _store_for(args, create="no")
                 lines = list(exchange.pair_lines(store, store.root, embed_segments=False))
             print(json.dumps(exchange.agreement_stats(lines), indent=2))
         elif args.cmd == "fit":

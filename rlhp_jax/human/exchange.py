@@ -45,6 +45,7 @@ import base64
 import binascii
 import contextlib
 import dataclasses
+import filecmp
 import io
 import json
 import math
@@ -59,7 +60,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 import numpy as np
 
 from rlhp_jax.config_fields import config_object, is_sweep_config
-from rlhp_jax.files import refuse_link, write_atomic
+from rlhp_jax.files import own_folder, refuse_link, write_atomic
 from rlhp_jax.human.store import (CHOICES, MU, LabelStore, StoreError, UnknownQuery, check_labeler,
                                   check_query_id)
 from rlhp_jax.human.teacher import TRAIN_KEYS, check_pair, read_segments
@@ -97,35 +98,62 @@ def export_jsonl(store: LabelStore, path: str | os.PathLike, labeled_only: bool 
     """Write every pair of ``store`` (or only answered ones) to ``path``; returns the line count.
     Clips outside ``path``'s folder are copied into ``<stem>_clips/`` beside it.  ``overwrite=False``:
     a file at ``path`` by the time it is written (another export's, since ``path`` was checked) is
-    left as it was (``FileExistsError``)."""
+    left as it was (``FileExistsError``), and so is a clip copy already there unless it holds the
+    same bytes (an earlier export of the same pair).  An export that fails leaves no clip copy it
+    made (nor the folder, where it made it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     folder = path.parent.resolve()
+    clips = folder / f"{path.stem}_clips"
+    made_folder = not os.path.lexists(clips)
+    made: list[Path] = []
     n = 0
 
     def write(f: IO[bytes]) -> None:
         nonlocal n
         for line in pair_lines(store, folder, labeled_only, embed_segments):
             for side in ("left", "right"):
-                copy = folder / f"{path.stem}_clips" / f"{line['id']}-{side}.mp4"
-                line[f"{side}_clip"] = _in_folder(folder, line[f"{side}_clip"], copy)
+                line[f"{side}_clip"] = _in_folder(folder, line[f"{side}_clip"], clips / f"{line['id']}-{side}.mp4",
+                                                  overwrite, made)
             f.write((json.dumps(line) + "\n").encode("utf-8"))
             n += 1
 
-    write_atomic(path, write, replace=overwrite)
+    try:
+        write_atomic(path, write, replace=overwrite)
+    except BaseException:
+        for copy in made:
+            copy.unlink(missing_ok=True)
+        if made_folder:
+            with contextlib.suppress(OSError):  # (not empty: someone else's files arrived; kept)
+                clips.rmdir()
+        raise
     return n
 
 
-def _in_folder(folder: Path, rel: str, copy: Path) -> str:
+def _in_folder(folder: Path, rel: str, copy: Path, replace: bool, made: list[Path]) -> str:
     """A clip path for an export in ``folder``: ``rel`` if the clip lies in it, else the path of
-    the clip copied to ``copy``."""
+    the clip copied to ``copy`` (appended to ``made`` where this export placed it).  A different
+    file already at ``copy`` is replaced only when ``replace``."""
     src = (folder / rel).resolve()
     if src.is_relative_to(folder):
         return rel
-    copy.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(copy.parent)
+    new = not os.path.lexists(copy)
     with open(src, "rb") as f:
-        write_atomic(copy, lambda out: shutil.copyfileobj(f, out, 1 << 20))
+        try:
+            write_atomic(copy, lambda out: shutil.copyfileobj(f, out, 1 << 20), replace=replace)
+            if new:  # (one it replaced, --overwrite's, is not removed if the export fails)
+                made.append(copy)
+        except FileExistsError:
+            if not _same_bytes(src, copy):
+                raise FileExistsError(f"{copy} already holds another clip (another export's?): "
+                                      "choose another --out, or --overwrite to replace it") from None
     return copy.relative_to(folder).as_posix()
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether ``b`` is a regular file (not a link) holding ``a``'s bytes."""
+    return not b.is_symlink() and b.is_file() and filecmp.cmp(a, b, shallow=False)
 
 
 # ------------------------------------------------------------------ reading and checking
