@@ -116,7 +116,7 @@ class IbarzFigure(Figure):
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--setups", nargs="+", default=[s.name for s in SETUPS], choices=[s.name for s in SETUPS],
                        metavar="SETUP", help="Fig. 1's setups to run (default: all: "
-                                             + " ".join(s.name for s in SETUPS) + ")")
+                                             + " ".join(s.name for s in SETUPS).replace("%", "%%") + ")")
         p.add_argument("--demos", default="demos", metavar="DIR",
                        help="directory of demonstration files, one DIR/GAME.npz per game (default %(default)s)")
 

@@ -635,3 +635,23 @@ def test_the_training_entry_points_leave_through_exit_script(module, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Unknown environment 'Nope'" in proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "frozen at exit: True"
+
+
+def _entry_points():
+    import pkgutil
+
+    import experiments
+
+    return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__) if m.name not in ("cli", "figures", "grid"))
+
+
+@pytest.mark.parametrize("name", _entry_points())
+def test_every_entry_point_prints_its_help(name, capsys):
+    """``--help`` of every ``python -m experiments.X``: ``reproduce_ibarz``'s crashed with a
+    ``TypeError`` (a setup's name, ``20%demos+prefs``, read as a %-format by argparse)."""
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"experiments.{name}").main(["--help"])
+    assert exit_.value.code in (0, None)
+    assert capsys.readouterr().out.startswith("usage:")
