@@ -94,6 +94,8 @@ A1_DIFFERENCES: list[str] = [
     "scaled so the last label is due at the last step",
     "Reacher's and InvertedPendulum's clips are their whole episode (50 steps = 1 s, 25 steps = 1 s), shorter "
     "than A.1's 1.5 s",
+    "Hopper's and Walker2d's 1.5 s clips are 188 steps of their 8 ms: A.1's seconds are kept, not the 15 to 60 "
+    "timesteps it says 1.5 s come to",
     "A.1 replaces termination by a penalty of unstated size. Hopper and Walker2d get the run-on reward of the "
     "paper's public code (rl-teacher) instead: the alive bonus on every step plus the torso's height above a "
     "standing height (1 and 2); on Ant and both pendulums a step outside the healthy range scores minus the "
