@@ -26,8 +26,8 @@ from typing import Callable
 import numpy as np
 
 from experiments import grid as grid_lib
-from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid, ordered, plan,
-                              return_digits, run_dir, run_metrics, steps_label)
+from experiments.grid import (FINAL_ROWS, GridError, Run, check_whole_run, describe_plan, execute, final_return, grid,
+                              ordered, plan, return_digits, run_dir, run_metrics, steps_label)
 from rlhp_jax.files import write_atomic
 from rlhp_jax.metrics import save_png
 from rlhp_jax.refusal import check_new_file, check_out_directory, refuse
@@ -138,9 +138,12 @@ class Figure:
 
     def finished_final(self, directory: Path) -> float | None:
         """The final return (:func:`experiments.grid.final_return`) of the run in ``directory``;
-        None until it has finished (written its ``summary.json``) or where it has none."""
+        None until it has finished (written its ``summary.json``) or where it has none; a
+        :class:`GridError` where its metrics do not cover the run it finished
+        (:func:`rlhp_jax.runs.whole_run_problem`)."""
         if not (directory / "summary.json").exists():
             return None
+        check_whole_run(directory)
         return final_return(run_metrics(directory), self.metric)
 
     def finished_finals(self, root: Path, task: str, labels: int | None, seeds, steps: int) -> list[float]:

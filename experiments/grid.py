@@ -24,7 +24,7 @@ import numpy as np
 from rlhp_jax.metrics import read_jsonl
 from rlhp_jax.config_fields import config_object
 from rlhp_jax.files import open_append
-from rlhp_jax.runs import in_use
+from rlhp_jax.runs import in_use, whole_run_problem
 
 POLL_S = 1.0  # seconds between checks on running subprocesses
 FINAL_ROWS = 5  # a run's final true return: the mean of its last 5 metrics rows
@@ -189,7 +189,17 @@ def run_state(run: Run, root: Path) -> str:
     if problems:
         raise GridError(f"{directory} holds another run than the one asked for: {'; '.join(problems)}. "
                         "Use another --root, or flags that match that run (e.g. its --steps).")
+    if finished:
+        check_whole_run(directory)
     return "finished" if finished else "resume"
+
+
+def check_whole_run(directory: Path) -> None:
+    """:class:`GridError` where a finished run's metrics do not cover the run it finished
+    (:func:`rlhp_jax.runs.whole_run_problem`): never counted, skipped or drawn as a whole run."""
+    if why := whole_run_problem(directory):
+        raise GridError(f"{directory} says it finished, but {why}: its results would be read as a whole run's. "
+                        "Restore the file, or move the directory aside so that the grid runs it again.")
 
 
 def plan(runs: list[Run], root: Path) -> dict[Run, str]:

@@ -228,7 +228,7 @@ class PreferenceRun:
             else:
                 self.log(f"resuming {out} from iteration {start_iter - 1} ({asked} queries, {answered} labels)")
         writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume,
-                              keep_row=lambda r: r["iteration"] < start_iter,
+                              covered=("iteration", start_iter - 1),
                               purge_step=start_iter * self.steps_per_iter)
         teacher = self._teacher(out) if learn else None
         if teacher is not None and restoring:
@@ -394,10 +394,10 @@ class PreferenceRun:
             "wall_s": last.get("wall_s"),
             "steps_per_s": last.get("steps_per_s"),
         }
-        write_summary(out, summary)
         what = "preferences" if self.learn else "true reward"
         plot_learning_curve(rows, out / "learning_curve.png",
                             title=f"{self.spec.name} — {cfg.agent.upper()} on {what}, {answered} labels, seed {cfg.seed}"
                                   + (f", ablation {cfg.ablation}" if cfg.ablation else ""))
+        write_summary(out, summary)  # last: its presence says everything else is there
         return summary
 

@@ -512,7 +512,7 @@ class IbarzRun:
         if restoring:
             self.teacher.restore(meta)
         # TensorBoard hides what a killed attempt logged after the checkpoint (from the start: everything)
-        writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume, keep_row=lambda r: r["stage"] <= stage,
+        writer, tb = open_run(out, cfg, restoring=restoring, resume=self.resume, covered=("stage", stage),
                               purge_step=self.actor_steps + 1 if restoring else 0)
         if cfg.frozen_reward is not None:
             self.rm_state = frozen
@@ -624,10 +624,10 @@ class IbarzRun:
             final_rm_loss=last.get("rm_loss"), final_label_entropy_bound=last.get("label_entropy_bound"),
             wall_s=rows[-1]["wall_s"] if rows else None,
         )
-        write_summary(out, summary)
         title = f"{self.spec.name} — DQfD, {cfg.setup}" + (f", {self.answered} labels" if cfg.learns_rewards else "") \
             + (", frozen reward model" if cfg.frozen_reward else "") + f", seed {cfg.seed}"
         plot_ibarz_run(rows, out / "learning_curve.png", title=title)
+        write_summary(out, summary)  # last: its presence says everything else is there
         return summary
 
 

@@ -190,28 +190,85 @@ def finished_line(out: Path, where: str) -> str:
     return f"{out} had finished ({where}): nothing left to train; writing its summary and plots again"
 
 
-def _judged(keep_row: Callable[[dict], bool], row: dict) -> bool:
-    """``keep_row(row)``; a row it cannot judge (no ``iteration``, a text where a number belongs: a
-    damaged or hand-edited metrics file) is not one the checkpoint covers."""
+def _number_of(row: dict, key: str) -> int | None:
+    """``row[key]`` where it is a whole number (a damaged or hand-edited row's text or float is not)."""
+    v = row.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class MissingRows(ValueError):
+    """``metrics.jsonl`` lacks rows its run's checkpoint covers: a resume cannot make them again."""
+
+
+def covered_rows(path: Path, key: str, last: int) -> list[dict]:
+    """The rows of ``metrics.jsonl`` at ``path`` that a checkpoint taken after row ``last`` covers:
+    rows whose ``key`` (``iteration``, or Ibarz's ``stage``) is 1 … ``last``, each exactly once, in
+    order (rows after ``last``, a killed attempt's, are dropped).  Where any of those is missing (a file
+    cut short, deleted or edited by hand) :class:`MissingRows` says which: continuing would leave a gap
+    that the run's curve, its summary and every table read as if it were whole."""
+    rows = [r for r in read_jsonl(path) if (n := _number_of(r, key)) is not None and 1 <= n <= last] \
+        if path.exists() else []
+    seen = [r[key] for r in rows]
+    if seen != list(range(1, last + 1)):
+        missing = sorted(set(range(1, last + 1)) - set(seen))
+        what = (f"lacks {len(missing)} of them ({_spans(missing)})" if missing else
+                "holds some of them twice or out of order")
+        raise MissingRows(f"{path} {what} but the run's checkpoint covers {key}s 1–{last}: a resume cannot compute "
+                          "them again. Restore the file, or move the directory aside and start the run again.")
+    return rows
+
+
+def _spans(numbers: list[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1–3, 7``."""
+    spans, start = [], None
+    for i, n in enumerate(numbers):
+        start = n if start is None else start
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            spans.append(f"{start}" if start == n else f"{start}–{n}")
+            start = None
+    return ", ".join(spans)
+
+
+def whole_run_problem(directory: str | os.PathLike) -> str | None:
+    """Why the metrics of a finished run (one with ``summary.json``) do not cover the run it says it
+    finished, or None where they do: every row of its ``iteration`` (Ibarz's ``stage``) from 1 to
+    the last once, in order, the last at the summary's ``env_steps``.  A ``metrics.jsonl`` cut short,
+    deleted or edited by hand afterwards is otherwise read as the whole run (a table's final return
+    from its first iterations, a seed silently missing from a mean)."""
+    directory = Path(directory)
+    path = directory / "metrics.jsonl"
+    if not path.is_file():
+        return f"{path} is missing"
+    rows = read_jsonl(path)
+    key = "stage" if rows and "stage" in rows[0] else "iteration"
+    numbers = [_number_of(r, key) for r in rows]
+    if not rows or numbers != list(range(1, len(rows) + 1)):
+        return f"{path}'s rows are not {key}s 1, 2, … once each, in order"
     try:
-        return bool(keep_row(row))
-    except (KeyError, TypeError, ValueError):
-        return False
+        summary = json.loads((directory / "summary.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return f"{directory / 'summary.json'} is not the JSON a run writes"
+    want = summary.get("env_steps") if isinstance(summary, dict) else None
+    if rows[-1].get("env_steps") != want:
+        return (f"{path} ends at {key} {len(rows)}, env_steps {rows[-1].get('env_steps')}, but the run's summary.json "
+                f"says it finished at env_steps {want}")
+    return None
 
 
-def open_run(out: Path, cfg, *, restoring: bool, resume: bool, keep_row: Callable[[dict], bool],
+def open_run(out: Path, cfg, *, restoring: bool, resume: bool, covered: tuple[str, int],
              purge_step: int) -> tuple[MetricsWriter, TensorBoardWriter]:
     """Make ``out`` ready for the run and open its metrics writers.
 
     Continuing from a checkpoint (``restoring``), ``metrics.jsonl`` is cut back to the rows the
-    checkpoint covers (``keep_row``) and new rows are appended; otherwise the directory is created
-    and, on a fresh start (not ``resume``), ``config.json`` written (a resume keeps the one it was
-    started from).  TensorBoard hides every event at or after ``purge_step`` (the first step this
-    attempt logs) that a killed attempt left, so no row shows twice."""
+    checkpoint covers (``covered`` = (key, last): :func:`covered_rows`, which refuses a file that lacks
+    any of them) and new rows are appended; otherwise the directory is created and, on a fresh start
+    (not ``resume``), ``config.json`` written (a resume keeps the one it was started from).
+    TensorBoard hides every event at or after ``purge_step`` (the first step this attempt logs) that
+    a killed attempt left, so no row shows twice."""
     out = Path(out)
     if restoring:
         path = out / "metrics.jsonl"
-        rows = [r for r in read_jsonl(path) if _judged(keep_row, r)] if path.exists() else []
+        rows = covered_rows(path, *covered)
         # whole or not at all: a kill here must not cut the rows the checkpoint covers
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     else:
@@ -223,5 +280,6 @@ def open_run(out: Path, cfg, *, restoring: bool, resume: bool, keep_row: Callabl
 
 
 def write_summary(out: Path, summary: dict) -> None:
-    """``summary.json``: what the run ended with (its presence marks the run finished)."""
+    """``summary.json``: what the run ended with (its presence marks the run finished, so it is the
+    run's last file: the learning curve is drawn before it)."""
     write_atomic(Path(out) / "summary.json", json.dumps(summary, indent=2))

@@ -57,6 +57,37 @@ def test_entry_point_writes_metrics_plot_and_summary(cartpole_run):
     assert steps == [0, len(rows)] and len(rows) == 6, steps
 
 
+def test_a_finished_run_resumed_writes_its_summary_last_and_refuses_lost_rows(cartpole_run, tmp_path, monkeypatch,
+                                                                            capsys):
+    """``summary.json`` marks a run finished, so it is written after the learning curve: it came first,
+    and a kill between the two left a "finished" run without a curve that nothing drew again.  And a
+    run whose metrics.jsonl lost rows its checkpoint covers resumed on the gap (its summary then said
+    ``env_steps`` 2048 for a 12,288-step run): refused, nothing changed."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(cartpole_run, run)
+    (run / "summary.json").unlink()
+    (run / "learning_curve.png").unlink()
+
+    def no_curve(*a, **k):
+        raise OSError("killed while drawing")
+
+    monkeypatch.setattr("rlhp_jax.driver.plot_learning_curve", no_curve)
+    assert classic.main(["--resume", str(run), "--no-progress"]) == 2
+    assert "killed while drawing" in capsys.readouterr().err
+    assert not (run / "summary.json").exists()
+    monkeypatch.undo()
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(rows[:1]) + "\n")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert classic.main(["--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks 5 of them (2–6) but the run's checkpoint covers iterations 1–6" in err and err.count("\n") == 1
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
 def test_full_loop_beats_random_policy_on_true_return(cartpole_run):
     env = make_env("CartPole-v1", 8)
     agent = PPO(env.spec, preset("CartPole-v1"))

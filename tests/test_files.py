@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_a_kill_while_a_resume_cuts_metrics_back_loses_no_row(tmp_path):
         builtins.open = open_then_die
         io.open = open_then_die
         runs.open_run(Path({str(run)!r}), None, restoring=True, resume=True,
-                      keep_row=lambda r: r["iteration"] <= 3, purge_step=4)
+                      covered=("iteration", 3), purge_step=4)
     """)
     proc = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -100,7 +101,7 @@ def test_a_kill_while_a_resume_cuts_metrics_back_loses_no_row(tmp_path):
     with runs.claimed(run):  # the next run, resume or sweep to take the directory removes it
         assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
     # the same call, not killed, keeps exactly the rows the checkpoint covers
-    writer, board = runs.open_run(run, None, restoring=True, resume=True, keep_row=lambda r: r["iteration"] <= 3,
+    writer, board = runs.open_run(run, None, restoring=True, resume=True, covered=("iteration", 3),
                                   purge_step=4)
     writer.close()
     board.close()
@@ -237,14 +238,39 @@ def test_a_config_asking_for_absurd_sizes_is_refused_in_one_line(tmp_path, field
 
 
 def test_a_resume_keeps_the_rows_it_can_judge(tmp_path):
-    """A metrics row without ``iteration`` (a damaged file) ended a resume in a KeyError."""
+    """A metrics row without ``iteration`` (a damaged file) ended a resume in a KeyError; rows it
+    cannot judge are dropped, a killed attempt's rows after the checkpoint cut."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text('{"iteration": 1}\n{"x": 2}\n{"iteration": "two"}\n{"iteration": 3}\n')
-    writer, board = runs.open_run(run, None, restoring=True, resume=True, keep_row=lambda r: r["iteration"] < 3,
-                                  purge_step=3)
+    (run / "metrics.jsonl").write_text('{"iteration": 1}\n{"x": 2}\n{"iteration": "two"}\n{"iteration": 2}\n'
+                                       '{"iteration": 3}\n')
+    writer, board = runs.open_run(run, None, restoring=True, resume=True, covered=("iteration", 2), purge_step=3)
     writer.close()
     board.close()
     from rlhp_jax.metrics import read_jsonl
 
-    assert read_jsonl(run / "metrics.jsonl") == [{"iteration": 1}]
+    assert read_jsonl(run / "metrics.jsonl") == [{"iteration": 1}, {"iteration": 2}]
+
+
+@pytest.mark.parametrize("lines, why", [
+    ([1, 2, 3], "lacks 27 of them (4–30)"),  # cut short by hand
+    ([], "lacks 30 of them (1–30)"),  # deleted
+    ([1, 2, 4, 5] + list(range(7, 31)), "lacks 2 of them (3, 6)"),
+    (list(range(1, 31)) + [30], "holds some of them twice or out of order"),
+])
+def test_a_resume_refuses_metrics_that_lack_rows_its_checkpoint_covers(tmp_path, lines, why):
+    """A run whose metrics.jsonl lost rows the checkpoint covers resumed on the gap: it finished with
+    rows [1, 2, 3, 31, 32], and its summary, curve and every figure's table read them as a whole run
+    (a grid's final return from iterations 2, 3, 31, 32).  Refused in one line, the file unchanged."""
+    run = tmp_path / "run"
+    run.mkdir()
+    text = "".join(json.dumps(dict(iteration=i)) + "\n" for i in lines)
+    if lines:
+        (run / "metrics.jsonl").write_text(text)
+    with pytest.raises(runs.MissingRows, match=re.escape(why) + ".*covers iterations 1–30: a resume cannot"):
+        runs.open_run(run, None, restoring=True, resume=True, covered=("iteration", 30), purge_step=31)
+    assert sorted(p.name for p in run.iterdir()) == (["metrics.jsonl"] if lines else [])
+    if lines:
+        assert (run / "metrics.jsonl").read_text() == text
+
+

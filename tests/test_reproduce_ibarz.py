@@ -87,10 +87,10 @@ def _finish(run: mg.Run, root, scores):
     directory.mkdir(parents=True)
     config = {**mg.expected_config(run, root), "out": str(directory)}
     (directory / "config.json").write_text(json.dumps(config))
-    rows = [{"phase": "iteration", "env_steps": 100 * (i + 1), "episode_return": s, "wall_s": float(i)}
+    rows = [{"stage": i + 1, "phase": "iteration", "env_steps": 100 * (i + 1), "episode_return": s, "wall_s": float(i)}
             for i, s in enumerate(scores)]
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (directory / "summary.json").write_text("{}")
+    (directory / "summary.json").write_text(json.dumps({"env_steps": 100 * len(scores)}))
 
 
 def test_table_and_bars_from_finished_runs(tmp_path, capsys):

@@ -33,7 +33,7 @@ def write_run(root: Path, task: str, labels: int | None, seed: int, *, steps: in
         for i, value in enumerate(returns):
             f.write(json.dumps({"iteration": i + 1, "env_steps": 100 * (i + 1), "true_return": value}) + "\n")
     if finished:
-        (out / "summary.json").write_text(json.dumps({"final_true_return": returns[-1]}))
+        (out / "summary.json").write_text(json.dumps({"final_true_return": returns[-1], "env_steps": 100 * len(returns)}))
     return out
 
 
@@ -333,6 +333,30 @@ def test_dry_run_runs_nothing_and_moves_nothing(grid, capsys):
     assert "4 runs: 1 finished, 1 to resume, 2 to start (1 of them after moving an incomplete directory aside)" in out
     assert fake.calls == [] and sorted(p.name for p in root.iterdir()) == before
     assert not Path(argv[argv.index("--results-md") + 1]).exists()
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("cut", "ends at iteration 3, env_steps 300, but the run's summary.json says it finished at env_steps 800"),
+    ("deleted", "metrics.jsonl is missing"),
+    ("gap", "rows are not iterations 1, 2, … once each, in order"),
+])
+def test_a_finished_run_whose_metrics_were_damaged_is_not_counted(grid, capsys, damage, why):
+    """A finished run whose metrics.jsonl was cut short by hand counted as finished: the table showed
+    the mean of its first iterations as its final return (−14.4 where the run ended at −21.0); deleted,
+    the seed dropped out of the mean without a word.  Refused at the plan, --plot-only included."""
+    root, argv, fake = grid
+    run = write_run(root, "Hopper", 700, 0, returns=[float(i) for i in range(8)])
+    write_run(root, "Hopper", None, 0)
+    rows = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    if damage == "deleted":
+        (run / "metrics.jsonl").unlink()
+    else:
+        (run / "metrics.jsonl").write_text("".join(rows[:3] if damage == "cut" else rows[:3] + rows[4:]))
+    for extra in ([], ["--plot-only"]):
+        assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1", *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"{run} says it finished, but" in err and why in err and "move the directory aside" in err
+    assert fake.calls == [] and not Path(argv[argv.index("--results-md") + 1]).exists()
 
 
 @pytest.mark.parametrize("learned, rl, ok", [(90.0, 100.0, True), (89.9, 100.0, False), (150.0, 100.0, True),
