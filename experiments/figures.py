@@ -10,6 +10,7 @@ plots, and the command line that runs its grid (:mod:`experiments.grid`) and dra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib
@@ -17,6 +18,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -27,13 +29,22 @@ import numpy as np
 
 from experiments import grid as grid_lib
 from experiments.grid import (FINAL_ROWS, GridError, Run, check_whole_run, describe_plan, execute, final_return, grid,
-                              ordered, plan, return_digits, run_dir, run_metrics, steps_label)
+                              ordered, plan, return_digits, run_dir, run_metrics, steps_label, stopped_as_by_ctrl_c)
 from rlhp_jax.files import write_atomic
 from rlhp_jax.metrics import save_png
 from rlhp_jax.refusal import check_new_file, check_out_directory, refuse
+from rlhp_jax.runs import claimed
 
 TARGET_FRACTION = 0.9  # the target budget passes when it reaches 90 % of RL's final return
 WARMUP_ITERATIONS = 3  # iterations the wall-time estimate's warm-up runs (the first is start-up)
+
+
+def account(states: dict, failed: list) -> str:
+    """What a grid did, once its runs have ended: how many it skipped, resumed and started, and failed."""
+    n = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "resume", "restart", "start")}
+    aside = f" ({n['restart']} after moving an incomplete directory aside)" if n["restart"] else ""
+    return (f"done: {n['finished']} skipped (finished before), {n['resume']} resumed, {n['start'] + n['restart']} "
+            f"started{aside}; {len(failed)} of them failed")
 
 
 def meets_target(learned_mean: float, rl_mean: float) -> bool:
@@ -491,17 +502,25 @@ class Figure:
         args = self.parse_args(argv, doc)
         root, docs = Path(args.root), Path(args.docs)
         steps_for = (lambda task: args.steps) if args.steps is not None else self.default_steps.__getitem__
-        try:
-            self.check_args(args)
-            check_out_directory(root, "--root")
-            check_out_directory(docs, "--docs")  # where the figures and the table go: known before hours of runs
-            self.read_results(args.results_md)
-            runs = ordered(self.runs(args, steps_for), args.tasks, args.order)
-            if args.run_args:
-                self.check_run_args(runs[0], root)
-            states = plan(runs, root)
-        except (GridError, ValueError) as e:
-            return refuse(e)
+        with contextlib.ExitStack() as held:
+            try:
+                self.check_args(args)
+                check_out_directory(root, "--root")
+                check_out_directory(docs, "--docs")  # where the figures and the table go: known before hours of runs
+                self.read_results(args.results_md)
+                runs = ordered(self.runs(args, steps_for), args.tasks, args.order)
+                if args.run_args:
+                    self.check_run_args(runs[0], root)
+                if not (args.dry_run or args.plot_only):  # one grid at a time runs in a root (the others only read)
+                    held.enter_context(claimed(root, "--root", holder="another grid of it"))
+                states = plan(runs, root)
+            except (GridError, ValueError) as e:
+                return refuse(e)
+            return self._carry_out(args, states, root, docs, steps_for)
+
+    def _carry_out(self, args: argparse.Namespace, states: dict, root: Path, docs: Path, steps_for) -> int:
+        """:meth:`main` once the plan is made: run what is left (unless ``--dry-run`` or
+        ``--plot-only``), then draw the figures and write the table."""
         if args.dry_run:
             print(describe_plan(states, root), flush=True)
             return 0
@@ -516,10 +535,14 @@ class Figure:
             if todo and not args.no_estimate:
                 print(self.describe_estimate(todo, args.jobs, root), flush=True)
             try:
-                failed = execute(todo, root, args.jobs, log=lambda line: print(line, flush=True), metric=self.metric)
+                with stopped_as_by_ctrl_c(signal.SIGTERM, signal.SIGHUP):
+                    failed = execute(todo, root, args.jobs, log=lambda line: print(line, flush=True),
+                                     metric=self.metric)
             except KeyboardInterrupt:
-                print("interrupted: the same command resumes the grid", file=sys.stderr)
+                print("interrupted: the runs it started were stopped; the same command resumes the grid",
+                      file=sys.stderr)
                 return 130
+            print(account(states, failed), flush=True)
         table, figures = self.draw(args, root, docs, steps_for)
         results_md = Path(args.results_md)
         figure = os.path.relpath(figures[-1], results_md.parent)

@@ -8,16 +8,18 @@ at a time.  The plots and tables are ``experiments.figures.Figure``'s.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -278,6 +280,26 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.{return_digits(x)}f}"
 
 
+@contextlib.contextmanager
+def stopped_as_by_ctrl_c(*signals: int) -> Iterator[None]:
+    """Within the block, ``signals`` (SIGTERM from ``kill``, ``timeout`` or a scheduler; SIGHUP from
+    a closed terminal) raise ``KeyboardInterrupt`` as Ctrl-C does, so :func:`execute` stops the runs it
+    started instead of leaving them training on, unwatched.  (A SIGKILL cannot be caught: its runs go
+    on, and holding their directories, refuse a second grid until they end.)"""
+    before = {sig: signal.getsignal(sig) for sig in signals}
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in signals:
+        signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[str], None] = print,
             metric: str = "true_return") -> list[Run]:
     """Run each (run, state) with at most ``jobs`` subprocesses at once, printing a progress line
@@ -302,22 +324,25 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
                     log(f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}: FAILED: {e}")
                     continue
                 active[run] = (proc, time.monotonic())
+                how = {"resume": "resuming it", "restart": "afresh, the old directory moved aside"}.get(state, "afresh")
+                log(f"started {run.task} {run.tag} seed {run.seed} ({how}); log: {run.log_path(root)}")
             polled = [(run, proc.poll(), start) for run, (proc, start) in active.items()]
             ended = [(run, rc, start) for run, rc, start in polled if rc is not None]
             for run, rc, start in ended:
                 del active[run]
                 done += 1
                 wall = time.monotonic() - start
-                walls.append(wall)
-                left = np.mean(walls) * (total - done) / jobs / 60
+                if rc == 0:  # (a run that failed in seconds says nothing of how long the others take)
+                    walls.append(wall)
+                left = np.mean(walls) * (total - done) / jobs / 60 if walls else float("nan")
                 head = f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}"
                 if rc != 0:
                     failed.append(run)
-                    log(f"{head}: FAILED (exit {rc}); log: {run.log_path(root)}; about {left:.0f} min left")
+                    log(f"{head}: FAILED (exit {rc}); log: {run.log_path(root)}" + _minutes_left(left))
                 else:
                     log(f"{head}: final {metric.replace('_', ' ')} (mean of the last {FINAL_ROWS} rows) "
                         f"{_fmt(final_return(run_metrics(run.directory(root)), metric))} "
-                        f"(wall {wall:.0f} s); about {left:.0f} min left")
+                        f"(wall {wall:.0f} s)" + _minutes_left(left))
             if not ended:
                 time.sleep(POLL_S)
     finally:
@@ -325,6 +350,10 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
             proc.terminate()
             proc.wait()
     return failed
+
+
+def _minutes_left(minutes: float) -> str:
+    return "" if np.isnan(minutes) else f"; about {minutes:.0f} min left"
 
 
 def steps_label(x, _pos=None) -> str:

@@ -68,7 +68,7 @@ def read_run_config(run_dir: str | Path):
 
 
 @contextlib.contextmanager
-def claimed(out, flag: str = "--out") -> Iterator[Path]:
+def claimed(out, flag: str = "--out", holder: str = "a run, a --resume of it or a sweep") -> Iterator[Path]:
     """``out`` as this process's run directory while the block runs: refused where it cannot be a
     directory (:func:`check_out_directory`), made, and locked against every other process (an
     exclusive ``flock`` on the directory itself, so no lock file is left behind, and the kernel drops
@@ -92,8 +92,8 @@ def claimed(out, flag: str = "--out") -> Iterator[Path]:
                 fd = _flock(out)
             except _Held:
                 other = "" if flag == "--resume" else f", or choose another {flag}"
-                raise ValueError(f"{out} is in use by another process (a run, a --resume of it or a sweep is "
-                                 f"writing there now): wait for it to end{other}.") from None
+                raise ValueError(f"{out} is in use by another process ({holder} is writing there now): wait for "
+                                 f"it to end{other}.") from None
             _claims[key] = [fd, 1]
             taken = True
     try:

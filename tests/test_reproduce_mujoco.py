@@ -335,6 +335,58 @@ def test_dry_run_runs_nothing_and_moves_nothing(grid, capsys):
     assert not Path(argv[argv.index("--results-md") + 1]).exists()
 
 
+def test_a_second_grid_on_the_same_root_is_refused_at_once(grid, capsys):
+    """Two grids on one --root leapfrogged: each failed the runs the other was doing ("in use", or
+    "continue it with --resume" for a run the other had just finished), and both rewrote the table.
+    A grid holds its root while it plans and runs; --dry-run and --plot-only only read."""
+    import fcntl
+    import os
+
+    root, argv, fake = grid
+    write_run(root, "Hopper", 700, 0)
+    write_run(root, "Hopper", None, 0)
+    fd = os.open(root, os.O_RDONLY)  # what the other grid's claim holds
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "2"]) == 2
+        assert f"{root} is in use by another process (another grid of it is writing there now)" in \
+            capsys.readouterr().err
+        assert fake.calls == []
+        assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "2", "--dry-run"]) == 0
+        assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1", "--plot-only"]) == 0
+    finally:
+        os.close(fd)
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "2"]) == 0
+    assert "done: 2 skipped (finished before), 0 resumed, 2 started; 0 of them failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_grid_stops_its_runs(grid, capsys, monkeypatch, sig):
+    """SIGTERM (``kill``, ``timeout``, a scheduler) or SIGHUP (a closed terminal) ended the grid and
+    left its runs training, unwatched; only Ctrl-C stopped them."""
+    import os
+    import signal
+
+    root, argv, fake = grid
+    procs = []
+
+    class Killed(FakeProc):
+        def poll(self):
+            os.kill(os.getpid(), getattr(signal, sig))  # arrives while the grid waits on its runs
+            return None
+
+    def launch(argv_, log_path, entry="mujoco"):
+        fake(argv_, log_path, entry)
+        procs.append(Killed(0))
+        return procs[-1]
+
+    monkeypatch.setattr(mg, "launch", launch)
+    before = signal.getsignal(getattr(signal, sig))
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1"]) == 130
+    assert "the runs it started were stopped" in capsys.readouterr().err
+    assert [p.rc for p in procs] == [-15] and signal.getsignal(getattr(signal, sig)) is before
+
+
 @pytest.mark.parametrize("damage, why", [
     ("cut", "ends at iteration 3, env_steps 300, but the run's summary.json says it finished at env_steps 800"),
     ("deleted", "metrics.jsonl is missing"),
