@@ -153,17 +153,17 @@ def config_mismatches(run: Run, config: dict, root: Path) -> list[str]:
     want, config = _effective(expected_config(run, root)), _effective(config)
     if run.labels is None:
         want.pop("labels", None)
-    return [line for key, value in want.items() for line in _differences(key, config.get(key), value)]
+    return [line for key, value in want.items() for line in differences(key, config.get(key), value)]
 
 
-def _differences(name: str, have, want) -> list[str]:
+def differences(name: str, have, want) -> list[str]:
     """``NAME is HAVE, asked for WANT`` for each differing field, descending into nested settings
     (``agent_config``, ``ensemble``, ...) so the sub-key that differs is named rather than cut off."""
     if have == want:
         return []
     if isinstance(have, dict) and isinstance(want, dict):
         return [line for key in [*want, *(k for k in have if k not in want)]
-                for line in _differences(f"{name}.{key}", have.get(key), want.get(key))]
+                for line in differences(f"{name}.{key}", have.get(key), want.get(key))]
     return [f"{name} is {_short(have)}, asked for {_short(want)}"]
 
 

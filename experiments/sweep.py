@@ -47,6 +47,12 @@ GRID_FLAGS = {  # flag -> Hyper field
 }
 
 
+# the sweep flags that change where and how its lanes run, not what they compute: a killed sweep runs
+# again under other values of these
+HOW_IT_RUNS = ("out", "no_progress", "devices", "env_devices", "member_devices", "coordinator", "num_processes",
+               "process_id", "pass_at", "compare")
+
+
 def parse(argv):
     # allow_abbrev=False: "--env" (passed through to experiments.classic) must not be read as "--env-devices"
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, allow_abbrev=False,
@@ -178,7 +184,24 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
                              "another --out.")
         if not is_sweep_config(config_object(out)) and (taken := results_held(out)):  # nor anyone else's files
             raise ValueError(f"{out} already holds {' and '.join(taken)}, not of a sweep: choose another --out.")
-        write_atomic(out / "config.json", json.dumps({**config_to_json(base), SWEEP_KEY: vars(args)}, indent=2))
+        fields = json.loads(json.dumps({**config_to_json(base), SWEEP_KEY: vars(args)}))
+        if is_sweep_config(killed := config_object(out)):  # a sweep keeps nothing until it ends: it runs again
+            from experiments.grid import differences
+
+            def same(c: dict) -> dict:  # what decides the results
+                flags = c[SWEEP_KEY] if isinstance(c[SWEEP_KEY], dict) else {"flags": c[SWEEP_KEY]}
+                return {**{k: v for k, v in c.items() if k != "out"},
+                        SWEEP_KEY: {k: v for k, v in flags.items() if k not in HOW_IT_RUNS}}
+
+            was, now = same(killed), same(fields)
+            changed = [line for key in dict.fromkeys([*now, *was])
+                       for line in differences(key, was.get(key), now.get(key))]
+            if changed:
+                raise ValueError(f"{out} holds a killed sweep of other settings ({'; '.join(changed)}): choose another "
+                                 "--out, or run that sweep's own command again.")
+            print(f"{out} holds this sweep, killed before it ended (a sweep keeps nothing until then): running it "
+                  "again", flush=True)
+        write_atomic(out / "config.json", json.dumps(fields, indent=2))
     if args.member_devices > 1:  # members split over devices must be one vmapped computation
         base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))
     mesh = (lane_mesh(args.devices, envs=args.env_devices, members=args.member_devices)

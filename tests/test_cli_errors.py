@@ -590,6 +590,35 @@ def test_a_fresh_run_or_sweep_never_writes_over_the_others_files(tmp_path, capsy
     assert snapshot(tmp_path) == before
 
 
+def test_a_killed_sweep_runs_again_only_with_its_own_settings(tmp_path, capsys, monkeypatch):
+    """A killed sweep's directory was taken over by any later sweep, of any settings, without a word
+    (its config.json rewritten from --seeds 2 --labels 20 to --seeds 5 --labels 40).  Its own command
+    (how it runs aside: --no-progress, --pass-at, devices) runs it again and says so; others are refused."""
+    from experiments import sweep
+
+    class Killed(Exception):
+        pass
+
+    def killed(*a, **k):
+        raise Killed
+
+    monkeypatch.setattr("rlhp_jax.compiled.CompiledRun", killed)
+    out = tmp_path / "sweep"
+    argv = ["--env", "CartPole-v1", "--seeds", "2", "--labels", "20", "--out", str(out)]
+    with pytest.raises(Killed):
+        sweep.run(argv)
+    config = (out / "config.json").read_text()
+    for other in (["--seeds", "5"], ["--labels", "40"], ["--first-seed", "3"], ["--ensemble.num-members", "5"]):
+        changed = argv + other
+        with pytest.raises(ValueError, match="holds a killed sweep of other settings .*choose another --out"):
+            sweep.run(changed)
+        assert (out / "config.json").read_text() == config
+    capsys.readouterr()
+    with pytest.raises(Killed):
+        sweep.run(argv + ["--no-progress", "--pass-at", "100"])
+    assert "holds this sweep, killed before it ended" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("held", ["metrics.jsonl", "metrics.csv"])
 def test_a_fresh_run_or_sweep_keeps_a_folder_s_metrics_files(tmp_path, capsys, monkeypatch, held):
     """A folder that is no run's and no sweep's but holds a metrics.jsonl or metrics.csv (copied
