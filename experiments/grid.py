@@ -153,7 +153,12 @@ def config_mismatches(run: Run, config: dict, root: Path) -> list[str]:
     want, config = _effective(expected_config(run, root)), _effective(config)
     if run.labels is None:
         want.pop("labels", None)
-    return [line for key, value in want.items() for line in differences(key, config.get(key), value)]
+    found = [line for key, value in want.items() for line in differences(key, config.get(key), value)]
+    if not found and want.get("demos"):  # the same path, but is it the same file?
+        from rlhp_jax.demos import demos_problem
+
+        found += [f"demos: {why}"] if (why := demos_problem(run.directory(root), want["demos"])) else []
+    return found
 
 
 def differences(name: str, have, want) -> list[str]:

@@ -37,6 +37,7 @@ the demo preferred) and :func:`record_policy` (demos from any policy, e.g. a tra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -481,6 +482,55 @@ def _check_fit(path: Path, demos: Demos) -> None:
         problems.append("rewards are not one finite number per step")
     if problems:
         raise DemoError(f"{path} is damaged: " + "; ".join(problems))
+
+
+DEMOS_RECORD = "demos.json"  # in a run directory: which demonstrations the run was made from
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(real: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(real, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return dict(sha256=digest.hexdigest(), bytes=size)
+
+
+def fingerprint(path: str | os.PathLike) -> dict[str, Any]:
+    """The SHA-256 and size of a demo file (read once per version of the file in a process: a grid
+    plans hundreds of runs over the same few files)."""
+    st = os.stat(path)
+    return _fingerprint(os.path.realpath(path), st.st_mtime_ns, st.st_size)
+
+
+def record_demos(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Write :data:`DEMOS_RECORD` in a fresh run's directory: the run's ``config.json`` names its
+    demo file by a path (relative to where the command ran), which another directory, or the same
+    file recorded again, would make other demonstrations."""
+    write_atomic(Path(run_dir) / DEMOS_RECORD, json.dumps(dict(fingerprint(path), path=os.path.abspath(path)),
+                                                          indent=2))
+
+
+def demos_problem(run_dir: str | os.PathLike, path: str | os.PathLike) -> str | None:
+    """Why the demo file at ``path`` is not the one the run in ``run_dir`` was made from (its
+    :data:`DEMOS_RECORD`), or None (the same bytes; no file at ``path``, or a run from before the
+    record: nothing to tell)."""
+    record_path = Path(run_dir) / DEMOS_RECORD
+    if not record_path.is_file():
+        return None
+    try:
+        record = json.loads(record_path.read_bytes())
+        made_from = str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return f"{record_path} is not the record a run writes"
+    try:
+        now = fingerprint(path)["sha256"]
+    except OSError:  # no file to compare (a grid's --plot-only needs none; a run that reads it says why it cannot)
+        return None
+    if now != made_from:
+        return (f"it was made from demonstrations of SHA-256 {made_from[:12]}… ({record.get('path')}), and {path} "
+                f"now holds others ({now[:12]}…)")
+    return None
 
 
 def load_demos(path: str | os.PathLike, env) -> Demos:

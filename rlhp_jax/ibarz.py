@@ -67,7 +67,8 @@ from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.agents.dqfd import DQfD
 from rlhp_jax.config import IbarzConfig
 from rlhp_jax.core import episode_ends
-from rlhp_jax.demos import DemoError, Demos, autolabels, frame_format, load_demos
+from rlhp_jax.demos import (DemoError, Demos, autolabels, demos_problem, frame_format, load_demos,
+                             record_demos)
 from rlhp_jax.runs import (claimed, continues_from_checkpoint, finished_line, open_run, read_run_config,
                            write_summary)
 from rlhp_jax.ensemble import RewardEnsemble
@@ -461,6 +462,12 @@ class IbarzRun:
         self.ckpt = Checkpointer(out / "checkpoints", keep=cfg.keep_checkpoints)
         self.models = Checkpointer(out / "models", keep=1)
         restoring = continues_from_checkpoint(self.ckpt, out, self.resume, self.log)
+        if self.demos is not None:  # a resume reads the file config.json names: the run's own, or refused
+            if why := demos_problem(out, cfg.demos):
+                raise DemoError(f"{out}: {why}: a resume would mix two sets of demonstrations. Run it from where it "
+                                "started, with the file it was made from, or start another run.")
+            if not self.resume:
+                record_demos(out, cfg.demos)
         if self.steps_note:
             self.log(self.steps_note)
         key = jax.random.PRNGKey(cfg.seed)

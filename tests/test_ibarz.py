@@ -99,6 +99,13 @@ def test_sigkill_then_resume_continues_the_same_run(full_run, demo_file, tmp_pat
     assert classic.main(["--resume", str(out), "--no-progress"]) == 0
     assert f"{out} had finished (stage 7: iteration 3 of 3): nothing left to train" in capsys.readouterr().out
     _assert_same_run(out, full_run)
+    # a resume reads the demo file config.json names: other bytes there (re-recorded, or a relative path
+    # read from another directory) would mix two sets of demonstrations in one run
+    record = json.loads((out / D.DEMOS_RECORD).read_text())
+    assert record["sha256"] == D.fingerprint(demo_file)["sha256"]
+    (out / D.DEMOS_RECORD).write_text(json.dumps(dict(record, sha256="f" * 64)))
+    assert classic.main(["--resume", str(out), "--no-progress"]) == 2
+    assert "a resume would mix two sets of demonstrations" in capsys.readouterr().err
 
 
 def _assert_same_run(got_dir, want_dir):

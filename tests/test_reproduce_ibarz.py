@@ -138,3 +138,10 @@ def test_reproduce_ibarz_end_to_end_on_a_smoke_budget(demo_dir, tmp_path, capsys
     assert fig.main(argv) == 0  # again: finished, nothing runs, no warm-up
     again = capsys.readouterr().out
     assert "1 runs: 1 finished" in again and "estimate" not in again
+    # the run records the demonstrations it was made from; a grid whose --demos names other bytes at the
+    # same path (re-recorded, or a command run from another directory) does not count it as its own
+    record = json.loads((run / D.DEMOS_RECORD).read_text())
+    assert record == dict(D.fingerprint(demo_dir / "Breakout-MinAtar.npz"), path=record["path"])
+    (run / D.DEMOS_RECORD).write_text(json.dumps(dict(record, sha256="0" * 64)))
+    assert fig.main(argv + ["--dry-run"]) == 2
+    assert "demos: it was made from demonstrations of SHA-256 000000000000…" in capsys.readouterr().err
