@@ -46,7 +46,7 @@ def run_dir(root: Path, task: str, labels: int | None, seed: int, steps: int, ta
     """``ROOT/TASK-TAG-STEPS-seedS`` (STEPS as ``1M``, ``200k``; TAG :func:`arm_tag` unless given):
     where one run of the grid lives.  The budget is in the name so that runs of another budget stay
     where they are."""
-    return Path(root) / f"{task}-{arm_tag(labels) if tag is None else tag}-{steps_label(steps)}-seed{seed}"
+    return Path(root) / f"{task}-{arm_tag(labels) if tag is None else tag}-{steps_name(steps)}-seed{seed}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,6 +359,19 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
 
 def _minutes_left(minutes: float) -> str:
     return "" if np.isnan(minutes) else f"; about {minutes:.0f} min left"
+
+
+def steps_name(steps: int) -> str:
+    """A step budget in a run directory's name: :func:`steps_label`'s short form (``3M``, ``250k``)
+    where it names exactly this budget, the number itself where it would round (``1000001``: its own
+    directory, not 1M's)."""
+    short = steps_label(steps)
+    scale = {"M": 10**6, "k": 10**3}.get(short[-1], 1)
+    exact = short.rstrip("Mk") if scale > 1 else short
+    try:
+        return short if round(float(exact) * scale) == steps else str(steps)
+    except ValueError:
+        return str(steps)
 
 
 def steps_label(x, _pos=None) -> str:

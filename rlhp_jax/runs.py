@@ -170,8 +170,8 @@ def continues_from_checkpoint(ckpt, out: Path, resume: bool, log: Callable[[str]
       files (``RESULT_FILES``): nothing is overwritten."""
     if ckpt.unused():
         if resume:
-            log(f"{out} has no checkpoint yet (the run was stopped before its first one): starting it again from "
-                "its config.json, with the same seed")
+            log(f"{out} has no checkpoint yet (the run was stopped before its first one, or its checkpoints were "
+                "removed): starting it again from its config.json, with the same seed")
         elif held := results_held(out):
             raise ValueError(f"{out} already holds another run's or a sweep's {' and '.join(held)}: choose another "
                              f"--out (a run stopped before its first checkpoint starts again with --resume {out}).")

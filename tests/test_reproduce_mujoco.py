@@ -708,3 +708,11 @@ def test_plots_replace_a_symlink_planted_in_docs_never_write_through_it(grid, tm
     assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1", "--plot-only"]) == 0
     assert victim.read_text() == "mine\n"
     assert not (docs / "mujoco_fig2.png").is_symlink() and (docs / "mujoco_fig2.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_budgets_that_round_alike_keep_their_own_directories():
+    """1,000,000 and 1,000,001 steps shared the directory ``…-1M-…`` (the tick text's six digits),
+    and the second was then refused as another run, against the promise of a directory per budget."""
+    names = {n: mg.run_dir(Path("r"), "Hopper", 700, 0, n).name for n in (1_000_000, 1_000_001, 98_304, 1_500_000)}
+    assert names == {1_000_000: "Hopper-700labels-1M-seed0", 1_000_001: "Hopper-700labels-1000001-seed0",
+                     98_304: "Hopper-700labels-98.304k-seed0", 1_500_000: "Hopper-700labels-1.5M-seed0"}
