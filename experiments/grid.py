@@ -145,14 +145,22 @@ def _effective(config: dict) -> dict:
     return {**config, "env_options": kept}
 
 
+# settings of how often and how much a run saves, not of what it computes (a resumed run continues the
+# same run): a finished or killed run made under other values is still the run asked for
+SAVING_ONLY = ("checkpoint_every", "keep_checkpoints", "checkpoint_on_labels")
+
+
 def config_mismatches(run: Run, config: dict, root: Path) -> list[str]:
     """How a run directory's ``config.json`` differs from the run asked for with today's settings:
     any field (a preset that changed since the run was made is a mismatch too), except the output
-    path, for the true-reward arm the label budget it never uses, and environment options named at
-    the task's default value."""
+    path, for the true-reward arm the label budget it never uses, how often it saves
+    (:data:`SAVING_ONLY`) and environment options named at the task's default value.  Other bytes
+    at the same demo file path are a difference too (:func:`rlhp_jax.demos.demos_problem`)."""
     want, config = _effective(expected_config(run, root)), _effective(config)
     if run.labels is None:
         want.pop("labels", None)
+    for key in SAVING_ONLY:
+        want.pop(key, None)
     found = [line for key, value in want.items() for line in differences(key, config.get(key), value)]
     if not found and want.get("demos"):  # the same path, but is it the same file?
         from rlhp_jax.demos import demos_problem

@@ -716,3 +716,16 @@ def test_budgets_that_round_alike_keep_their_own_directories():
     names = {n: mg.run_dir(Path("r"), "Hopper", 700, 0, n).name for n in (1_000_000, 1_000_001, 98_304, 1_500_000)}
     assert names == {1_000_000: "Hopper-700labels-1M-seed0", 1_000_001: "Hopper-700labels-1000001-seed0",
                      98_304: "Hopper-700labels-98.304k-seed0", 1_500_000: "Hopper-700labels-1.5M-seed0"}
+
+
+def test_how_often_a_run_saved_does_not_make_it_another_run(grid, capsys):
+    """A grid rerun with --checkpoint-every 2 in --run-args refused every run made with 1 ("holds
+    another run"), though how often a run saves does not change what it computes."""
+    root, argv, fake = grid
+    write_run(root, "Hopper", 700, 0, config_changes={"checkpoint_every": 7, "keep_checkpoints": 1})
+    write_run(root, "Hopper", None, 0, finished=False, config_changes={"checkpoint_every": 7})
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "1", "--dry-run"]) == 0
+    assert "2 runs: 1 finished, 1 to resume, 0 to start" in capsys.readouterr().out
+    write_run(root, "Hopper", 700, 1, config_changes={"segment_length": 7})  # what it computes: refused
+    assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "2", "--dry-run"]) == 2
+    assert "segment_length is 7" in capsys.readouterr().err
