@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,8 +48,8 @@ GRID_FLAGS = {  # flag -> Hyper field
 }
 
 
-# the sweep flags that change where and how its lanes run, not what they compute: a killed sweep runs
-# again under other values of these
+# the sweep flags that change where and how its lanes run, not what they compute: a killed sweep continues
+# under other values of these
 HOW_IT_RUNS = ("out", "no_progress", "devices", "env_devices", "member_devices", "coordinator", "num_processes",
                "process_id", "pass_at", "compare")
 
@@ -81,7 +82,8 @@ def parse(argv):
     p.add_argument("--out", default=None, help="output directory (default runs/sweep/<env>)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar: the lanes run as one program instead of blocks of iterations called "
-                        "from the host (both are kept by the persistent compilation cache)")
+                        "from the host (both are kept by the persistent compilation cache); the blocks are saved "
+                        "as they end, so a killed sweep continues, and the one program keeps nothing until it ends")
     p.add_argument("--compare", nargs="+", metavar="DIR",
                    help="draw finished sweeps (their metrics.jsonl) on one figure, compare.png in --out, and stop")
     args, rest = p.parse_known_args(argv)
@@ -97,7 +99,7 @@ def base_config(rest: list[str], labels_needed: int | None):
     domain = dataclasses.replace(CLASSIC, prog=PROG)
     cargs = build_parser(domain).parse_args(rest)
     ignored = {"--seed": "a sweep's seeds are --seeds N from --first-seed S",
-               "--resume": "a killed sweep starts again with the same command"}
+               "--resume": "a killed sweep continues with the same command"}
     for flag, instead in ignored.items():
         if any(arg == flag or arg.startswith(flag + "=") for arg in rest):
             raise ValueError(f"{flag} is a flag of python -m experiments.classic that a sweep does not use: {instead}.")
@@ -138,6 +140,13 @@ class Progress:
             post["true"] = f"{np.mean(metrics['true_return']):.1f}"
         self.bar.set_postfix(post)
 
+    def write(self, line: str) -> None:
+        """A line above the bar (or printed, without one)."""
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
     def close(self):
         if self.bar is not None:
             self.bar.close()
@@ -162,7 +171,7 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
     from rlhp_jax.distributed import gather, lane_mesh
     from rlhp_jax.config import config_to_json
     from rlhp_jax.metrics import MetricsWriter, plot_sweep
-    from rlhp_jax.files import write_atomic
+    from rlhp_jax.files import own_folder, write_atomic
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
@@ -178,14 +187,14 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
         if (out / "summary.json").exists():
             raise ValueError(f"{out} already holds a finished run or sweep; choose another --out.")
         not_a_sweep = (out / "config.json").exists() and not is_sweep_config(config_object(out))
-        if (out / "checkpoints").exists() or not_a_sweep:
-            # a killed sweep starts again in its directory; a run's (killed or not) is never written over
+        if ((out / "checkpoints").exists() and not is_sweep_config(config_object(out))) or not_a_sweep:
+            # a killed sweep continues in its directory; a run's (killed or not) is never written over
             raise ValueError(f"{out} holds a training run (its config.json or checkpoints), not a sweep: choose "
                              "another --out.")
         if not is_sweep_config(config_object(out)) and (taken := results_held(out)):  # nor anyone else's files
             raise ValueError(f"{out} already holds {' and '.join(taken)}, not of a sweep: choose another --out.")
         fields = json.loads(json.dumps({**config_to_json(base), SWEEP_KEY: vars(args)}))
-        if is_sweep_config(killed := config_object(out)):  # a sweep keeps nothing until it ends: it runs again
+        if is_sweep_config(killed := config_object(out)):  # killed: it continues (compiled._Blocks)
             from experiments.grid import differences
 
             def same(c: dict) -> dict:  # what decides the results
@@ -199,8 +208,8 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
             if changed:
                 raise ValueError(f"{out} holds a killed sweep of other settings ({'; '.join(changed)}): choose another "
                                  "--out, or run that sweep's own command again.")
-            print(f"{out} holds this sweep, killed before it ended (a sweep keeps nothing until then): running it "
-                  "again", flush=True)
+            print(f"{out} holds this sweep, killed before it ended: it continues from its last checkpoint (with "
+                  "--no-progress, or over several devices, it keeps none: it runs again)", flush=True)
         write_atomic(out / "config.json", json.dumps(fields, indent=2))
     if args.member_devices > 1:  # members split over devices must be one vmapped computation
         base = dataclasses.replace(base, ensemble=dataclasses.replace(base.ensemble, member_axis="vmap"))
@@ -224,7 +233,13 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
         compiled, keys, hypers = program.compile_lanes(keys, hypers, mesh)
         t1 = time.perf_counter()
         progress.start()
-        _, metrics = compiled(keys, hypers)
+        if program.progress is not None and mesh is None:  # in blocks on one device: saved after each
+            from rlhp_jax.checkpoint import Checkpointer
+
+            saves = Checkpointer(own_folder(own_folder(out / "checkpoints") / f"members{members}"), keep=1)
+            _, metrics = compiled(keys, hypers, checkpoint=saves, log=progress.write)
+        else:
+            _, metrics = compiled(keys, hypers)
         metrics = gather(metrics)
         t2 = time.perf_counter()
         progress.close()
@@ -260,6 +275,8 @@ def _run(argv, held: contextlib.ExitStack) -> dict:
         plot_sweep(groups, env_steps, out / "curves.png",
                    title=f"{base.env} — {base.agent.upper()} {_source(base)}, {args.seeds} seeds per setting")
         write_summary(out, summary)
+        if (out / "checkpoints").is_dir():  # the lanes' states between blocks: the finished sweep's rows hold it all
+            shutil.rmtree(out / "checkpoints")
         for r in summary_rows:
             name = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "config"
             seeds = f"{r['seeds']} seed" + "s" * (r["seeds"] != 1)

@@ -215,7 +215,7 @@ def test_bad_input_is_refused(program, tmp_path, capsys):
     # classic's flags that a sweep would silently not use
     with pytest.raises(ValueError, match="--seed is a flag of python -m experiments.classic.*--first-seed"):
         sweep.run(["--env", "CartPole-v1", "--seed", "5", "--out", str(tmp_path / "s2"), "--no-progress"])
-    with pytest.raises(ValueError, match="--resume is a flag .* starts again with the same command"):
+    with pytest.raises(ValueError, match="--resume is a flag .* continues with the same command"):
         sweep.run(["--resume=" + str(tmp_path / "s2"), "--no-progress"])
     assert not (tmp_path / "s2").exists()
     with pytest.raises(SystemExit):
@@ -264,6 +264,36 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles, capsys):
     evals = np.asarray(again(keys, hypers)[1]["eval_return"])
     np.testing.assert_array_equal(evals[0], [r["eval_return"] if r["eval_return"] is not None else np.nan
                                              for r in rows if r["seed"] == 0])
+
+
+def test_a_killed_sweep_continues_from_its_last_block(tmp_path, monkeypatch, capsys):
+    """A sweep kept nothing until it ended: killed at 99 %, it ran again from the start.  In blocks
+    (with its bar) it saves the lanes' states after each block; its own command continues from
+    there, ends with the uninterrupted sweep's rows to the bit, and removes what it saved."""
+    from experiments import sweep
+
+    argv = ["--env", "CartPole-v1", "--steps", "6144", "--labels", "20", "--seeds", "2"]
+    tick = sweep.Progress.__call__
+
+    def killed_at_2(self, it, metrics):
+        tick(self, it, metrics)
+        if it == 2:
+            raise KeyboardInterrupt  # after iteration 2's block ran, before it was saved
+
+    monkeypatch.setattr(sweep.Progress, "__call__", killed_at_2)
+    monkeypatch.setattr("rlhp_jax.compiled.SAVE_EVERY_S", 0.0)  # after every block (60 s of blocks otherwise)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run(argv + ["--out", str(tmp_path / "killed")])
+    assert [p.name for p in (tmp_path / "killed" / "checkpoints" / "members3").iterdir() if p.is_dir()] == ["1"]
+    monkeypatch.setattr(sweep.Progress, "__call__", tick)
+    sweep.run(argv + ["--out", str(tmp_path / "killed")])
+    out = capsys.readouterr()
+    assert "holds this sweep, killed before it ended: it continues from its last checkpoint" in out.out
+    assert "continuing from the checkpoint after iteration 1 of 3" in out.out + out.err
+    sweep.run(argv + ["--out", str(tmp_path / "whole")])
+    rows = [(tmp_path / d / "metrics.jsonl").read_text() for d in ("killed", "whole")]
+    assert rows[0] == rows[1] and len(rows[0].splitlines()) == 6
+    assert not (tmp_path / "killed" / "checkpoints").exists()
 
 
 def _fake_sweep(path, env, source, steps=(100, 200, 300)):
