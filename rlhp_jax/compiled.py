@@ -408,9 +408,13 @@ class _Blocks:
     def _template(self):
         """The shapes of what a checkpoint holds: the lanes' states, every iteration's metrics."""
         states, m = self.iterate.out_info
-        slots = -(-self.num_iters // self.block) * self.block
         return dict(states=states, metrics=jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct((slots, *x.shape[1:]), x.dtype), m))
+            lambda x: jax.ShapeDtypeStruct((self.slots, *x.shape[1:]), x.dtype), m))
+
+    @property
+    def slots(self) -> int:
+        """Iterations the blocks hold, the last block's padding past the run's end included."""
+        return -(-self.num_iters // self.block) * self.block
 
     def __call__(self, keys, hypers, checkpoint=None, log: Callable[[str], None] = print):
         done, full, saved_at = 0, None, time.monotonic()
@@ -427,7 +431,7 @@ class _Blocks:
             states, m = self.iterate(states, hypers, jnp.arange(first, first + self.block, dtype=jnp.int32))
             m = jax.device_get(m)
             if full is None:
-                full = {k: np.zeros(t.shape, t.dtype) for k, t in self._template()["metrics"].items()}
+                full = {k: np.zeros((self.slots, *v.shape[1:]), v.dtype) for k, v in m.items()}
             for k, v in m.items():
                 full[k][first - 1:first - 1 + self.block] = v
             done = min(first + self.block - 1, self.num_iters)
