@@ -417,30 +417,37 @@ class _Blocks:
         return -(-self.num_iters // self.block) * self.block
 
     def __call__(self, keys, hypers, checkpoint=None, log: Callable[[str], None] = print):
-        done, full, saved_at = 0, None, time.monotonic()
+        done, saved, saved_at, blocks = 0, None, time.monotonic(), []
         if checkpoint is not None and checkpoint.latest_step() is not None:
-            saved, meta = checkpoint.restore(self._template())
-            states, done = saved["states"], int(meta["iterations"])
-            full = {k: np.array(v) for k, v in jax.device_get(saved["metrics"]).items()}  # (writable copies)
+            restored, meta = checkpoint.restore(self._template())
+            states, done = restored["states"], int(meta["iterations"])
+            saved = {k: np.array(v) for k, v in jax.device_get(restored["metrics"]).items()}  # (writable copies)
             log(f"continuing from the checkpoint after iteration {done} of {self.num_iters} in {checkpoint.directory}")
             for it in range(1, done + 1):
-                self.progress(it, {k: v[it - 1] for k, v in full.items()})
+                self.progress(it, {k: v[it - 1] for k, v in saved.items()})
         else:
             states = self.start(keys, hypers)
+        start = done
         for first in range(done + 1, self.num_iters + 1, self.block):
             states, m = self.iterate(states, hypers, jnp.arange(first, first + self.block, dtype=jnp.int32))
+            blocks.append(m)  # (on the devices, sharded as the lanes are)
             m = jax.device_get(m)
-            if full is None:
-                full = {k: np.zeros((self.slots, *v.shape[1:]), v.dtype) for k, v in m.items()}
-            for k, v in m.items():
-                full[k][first - 1:first - 1 + self.block] = v
             done = min(first + self.block - 1, self.num_iters)
             for j in range(done - first + 1):
                 self.progress(first + j, {k: v[j] for k, v in m.items()})
-            if checkpoint is not None and done < self.num_iters and time.monotonic() - saved_at >= SAVE_EVERY_S:
-                checkpoint.save(done, dict(states=states, metrics=full), meta=dict(iterations=done))
+            if checkpoint is None:
+                continue
+            if saved is None:
+                saved = {k: np.zeros((self.slots, *v.shape[1:]), v.dtype) for k, v in m.items()}
+            for k, v in m.items():
+                saved[k][first - 1:first - 1 + self.block] = v
+            if done < self.num_iters and time.monotonic() - saved_at >= SAVE_EVERY_S:
+                checkpoint.save(done, dict(states=states, metrics=saved), meta=dict(iterations=done))
                 saved_at = time.monotonic()
-        metrics = {k: jnp.asarray(v[:self.num_iters]) for k, v in full.items()}
+        if start:  # continued: the iterations before it come from the checkpoint (one device)
+            metrics = {k: jnp.asarray(v[:self.num_iters]) for k, v in saved.items()}
+        else:
+            metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs)[:self.num_iters], *blocks)
         return states, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
 
 
