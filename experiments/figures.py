@@ -28,8 +28,9 @@ from typing import Callable
 import numpy as np
 
 from experiments import grid as grid_lib
-from experiments.grid import (FINAL_ROWS, GridError, Run, check_whole_run, describe_plan, execute, final_return, grid,
-                              ordered, plan, return_digits, run_dir, run_metrics, steps_label, stopped_as_by_ctrl_c)
+from experiments.grid import (FINAL_ROWS, GridError, Run, describe_plan, execute, final_return, grid,
+                              ordered, plan, return_digits, run_dir, run_metrics, state_counts, steps_label,
+                              stopped_as_by_ctrl_c)
 from rlhp_jax.files import write_atomic
 from rlhp_jax.metrics import save_png
 from rlhp_jax.refusal import check_new_file, check_out_directory, refuse
@@ -41,7 +42,7 @@ WARMUP_ITERATIONS = 3  # iterations the wall-time estimate's warm-up runs (the f
 
 def account(states: dict, failed: list) -> str:
     """What a grid did, once its runs have ended: how many it skipped, resumed and started, and failed."""
-    n = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "resume", "restart", "start")}
+    n = state_counts(states)
     aside = f" ({n['restart']} after moving an incomplete directory aside)" if n["restart"] else ""
     return (f"done: {n['finished']} skipped (finished before), {n['resume']} resumed, {n['start'] + n['restart']} "
             f"started{aside}; {len(failed)} of them failed")
@@ -149,12 +150,11 @@ class Figure:
 
     def finished_final(self, directory: Path) -> float | None:
         """The final return (:func:`experiments.grid.final_return`) of the run in ``directory``;
-        None until it has finished (written its ``summary.json``) or where it has none; a
-        :class:`GridError` where its metrics do not cover the run it finished
-        (:func:`rlhp_jax.runs.whole_run_problem`)."""
+        None until it has finished (written its ``summary.json``) or where it has none.  (The plan
+        that comes before every drawing has refused a finished run whose metrics do not cover it:
+        :func:`experiments.grid.check_whole_run`.)"""
         if not (directory / "summary.json").exists():
             return None
-        check_whole_run(directory)
         return final_return(run_metrics(directory), self.metric)
 
     def finished_finals(self, root: Path, task: str, labels: int | None, seeds, steps: int) -> list[float]:

@@ -222,9 +222,14 @@ def plan(runs: list[Run], root: Path) -> dict[Run, str]:
     return {run: run_state(run, root) for run in runs}
 
 
+def state_counts(states: dict[Run, str]) -> dict[str, int]:
+    """How many runs of a plan are in each state (:func:`run_state`)."""
+    return {s: sum(1 for v in states.values() if v == s) for s in ("finished", "resume", "restart", "start")}
+
+
 def describe_plan(states: dict[Run, str], root: Path) -> str:
     """The plan as printed before the grid starts (and by --dry-run)."""
-    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "resume", "restart", "start")}
+    counts = state_counts(states)
     lines = [f"{len(states)} runs: {counts['finished']} finished, {counts['resume']} to resume, "
              f"{counts['start'] + counts['restart']} to start"
              + (f" ({counts['restart']} of them after moving an incomplete directory aside)" if counts["restart"] else "")]
@@ -375,11 +380,7 @@ def steps_name(steps: int) -> str:
     directory, not 1M's)."""
     short = steps_label(steps)
     scale = {"M": 10**6, "k": 10**3}.get(short[-1], 1)
-    exact = short.rstrip("Mk") if scale > 1 else short
-    try:
-        return short if round(float(exact) * scale) == steps else str(steps)
-    except ValueError:
-        return str(steps)
+    return short if round(float(short.rstrip("Mk")) * scale) == steps else str(steps)
 
 
 def steps_label(x, _pos=None) -> str:

@@ -427,7 +427,7 @@ class _Blocks:
                 self.progress(it, {k: v[it - 1] for k, v in saved.items()})
         else:
             states = self.start(keys, hypers)
-        start = done
+        continued = done > 0
         for first in range(done + 1, self.num_iters + 1, self.block):
             states, m = self.iterate(states, hypers, jnp.arange(first, first + self.block, dtype=jnp.int32))
             blocks.append(m)  # (on the devices, sharded as the lanes are)
@@ -444,7 +444,7 @@ class _Blocks:
             if done < self.num_iters and time.monotonic() - saved_at >= SAVE_EVERY_S:
                 checkpoint.save(done, dict(states=states, metrics=saved), meta=dict(iterations=done))
                 saved_at = time.monotonic()
-        if start:  # continued: the iterations before it come from the checkpoint (one device)
+        if continued:  # the iterations before it come from the checkpoint (one device)
             metrics = {k: jnp.asarray(v[:self.num_iters]) for k, v in saved.items()}
         else:
             metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs)[:self.num_iters], *blocks)
