@@ -346,19 +346,22 @@ class Figure:
         return written
 
     # ------------------------------------------------------------------ how long it will take
-    def warmup(self, run: Run, workdir: Path) -> tuple[float, float]:
-        """Run :data:`WARMUP_ITERATIONS` iterations of ``run``'s arm (its label schedule as over its
-        whole budget: ``--label-horizon``) with ``warmup_flags``, in ``workdir``; returns (seconds
-        before the first iteration's row, seconds per environment step after it), from the rows'
-        ``wall_s``."""
-        out = workdir / "run"
-        iteration = int(grid_lib.expected_config(run, workdir).get("iteration_steps") or 0)
+    def warmup_argv(self, run: Run, out: Path) -> list[str]:
+        """The command line (after ``python -m experiments.<entry>``) of ``run``'s warm-up, writing to
+        ``out``: :data:`WARMUP_ITERATIONS` iterations of its arm, its label schedule as over its whole
+        budget (``--label-horizon``), with ``warmup_flags``."""
+        iteration = int(grid_lib.expected_config(run, out.parent).get("iteration_steps") or 0)
         steps = min(run.steps, WARMUP_ITERATIONS * iteration if iteration else self.warmup_steps)
-        argv = ["--env", run.task, "--seed", str(run.seed), "--steps", str(steps), "--out", str(out),
+        return ["--env", run.task, "--seed", str(run.seed), "--steps", str(steps), "--out", str(out),
                 "--no-progress", *(["--baseline"] if run.labels is None else
                                    ["--labels", str(run.labels), "--label-horizon", str(run.steps)]),
                 *run.extra, *self.warmup_flags]
-        proc = grid_lib.launch(argv, workdir / "warmup.log", entry=self.entry)
+
+    def warmup(self, run: Run, workdir: Path) -> tuple[float, float]:
+        """Run ``run``'s warm-up (:meth:`warmup_argv`) in ``workdir``; returns (seconds before the
+        first iteration's row, seconds per environment step after it), from the rows' ``wall_s``."""
+        out = workdir / "run"
+        proc = grid_lib.launch(self.warmup_argv(run, out), workdir / "warmup.log", entry=self.entry)
         while proc.poll() is None:
             time.sleep(grid_lib.POLL_S)
         rows = [r for r in run_metrics(out) if r.get("wall_s") is not None]

@@ -224,7 +224,7 @@ def test_bad_input_is_refused(program, tmp_path, capsys):
 
 
 def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles, capsys):
-    """Two seeds of the compiled loop from preferences (the README's CartPole settings, 40k steps)."""
+    """Two seeds of the compiled loop from preferences (the README's CartPole settings, 20k steps)."""
     from experiments import sweep
 
     out = tmp_path / "sweep"
@@ -236,16 +236,16 @@ def test_sweep_learns_cartpole(tmp_path, monkeypatch, kept_compiles, capsys):
         return compile_lanes(self, *args, **kwargs)
 
     monkeypatch.setattr(CompiledRun, "compile_lanes", recording)
-    summary = sweep.run(["--env", "CartPole-v1", "--steps", "40960", "--seeds", "2", "--out", str(out),
+    summary = sweep.run(["--env", "CartPole-v1", "--steps", "20480", "--seeds", "2", "--out", str(out),
                          "--no-progress", "--pass-at", "130"])
     # no bar, no host callback in the program: JAX would not keep it in the persistent cache
     assert callbacks == [None]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert {r["seed"] for r in rows} == {0, 1} and (out / "curves.png").stat().st_size > 10_000
     best = [max(r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None) for s in (0, 1)]
-    # a random policy scores ~20.  Best evaluations at 40k steps spread widely over seeds: 136–500 over
-    # 8 lanes (this test's two, 380 and 136, and a 6-seed sweep's 500, 161, 169, 212, 441, 206; 2026-11-25),
-    # and seed 1's moved 249 -> 136 with the draws of clip starts (same distribution, another stream)
+    # a random policy scores ~20.  This test's two lanes evaluate 490 and 313 at 10k steps and 489 and 500
+    # at 20k (2026-12-02; 40k steps before, where they ended at 500 and 500).  Best evaluations spread
+    # widely over seeds (on the preset of 2026-11-25, 136–500 over 8 lanes at 40k): the bar is far below
     assert min(best) >= 100, best
     assert summary["settings"][0]["seeds"] == 2 and rows[-1]["labels"] == 200
     final = [[r["eval_return"] for r in rows if r["seed"] == s and r["eval_return"] is not None][-1] for s in (0, 1)]
