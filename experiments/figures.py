@@ -385,17 +385,12 @@ class Figure:
                 startup, per_step = self.warmup(first, Path(d))
             except GridError as e:
                 return f"no estimate: {e}"
-        steps = sum(run.steps - self._steps_done(run, state, root) for run, state in todo)
+        steps = sum(run.steps - grid_lib.steps_done(run, state, root) for run, state in todo)
         total = (len(todo) * startup + steps * per_step) / jobs
         return (f"estimate on this device ({device}), from a {time.perf_counter() - t0:.0f} s warm-up of "
                 f"{first.task} {first.tag}: {1e6 * per_step:.0f} s per million environment steps, {startup:.0f} s "
                 f"start-up per run; {len(todo)} runs, {steps:,} steps to go, {jobs} at a time: about "
                 f"{_duration(total)}" + (f" ({self.startup_note})" if self.startup_note else ""))
-
-    @staticmethod
-    def _steps_done(run: Run, state: str, root: Path) -> int:
-        rows = run_metrics(run.directory(root)) if state == "resume" else []
-        return int(rows[-1].get("env_steps", 0)) if rows else 0
 
     # ------------------------------------------------------------------ command line
     def known_tasks(self) -> list[str]:

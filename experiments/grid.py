@@ -323,7 +323,7 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
     """Run each (run, state) with at most ``jobs`` subprocesses at once, printing a progress line
     as each one ends; returns the runs that failed.  Runs still going when this is interrupted
     are terminated."""
-    pending, active, walls, failed = deque(todo), {}, [], []
+    pending, active, rates, failed = deque(todo), {}, {}, []
     total, done = len(todo), 0
     try:
         while pending or active:
@@ -341,18 +341,21 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
                     done += 1
                     log(f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}: FAILED: {e}")
                     continue
-                active[run] = (proc, time.monotonic())
+                active[run] = (proc, time.monotonic(), steps_done(run, state, root))
                 how = {"resume": "resuming it", "restart": "afresh, the old directory moved aside"}.get(state, "afresh")
                 log(f"started {run.task} {run.tag} seed {run.seed} ({how}); log: {run.log_path(root)}")
-            polled = [(run, proc.poll(), start) for run, (proc, start) in active.items()]
-            ended = [(run, rc, start) for run, rc, start in polled if rc is not None]
-            for run, rc, start in ended:
+            polled = [(run, proc.poll(), start, first) for run, (proc, start, first) in active.items()]
+            ended = [(run, rc, start, first) for run, rc, start, first in polled if rc is not None]
+            for run, rc, start, first in ended:
                 del active[run]
                 done += 1
                 wall = time.monotonic() - start
                 if rc == 0:  # (a run that failed in seconds says nothing of how long the others take)
-                    walls.append(wall)
-                left = np.mean(walls) * (total - done) / jobs / 60 if walls else float("nan")
+                    rates[run] = wall / max(run.steps - first, 1)
+                now = time.monotonic()
+                left = time_left(rates, [(r, r.steps - steps_done(r, st, root), 0.0) for r, st in pending]
+                                 + [(r, r.steps - first, now - start) for r, (_, start, first) in active.items()],
+                                 jobs) / 60
                 head = f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}"
                 if rc != 0:
                     failed.append(run)
@@ -364,10 +367,37 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
             if not ended:
                 time.sleep(POLL_S)
     finally:
-        for proc, _ in active.values():  # interrupted: stop the runs this call started
+        for proc, *_ in active.values():  # interrupted: stop the runs this call started
             proc.terminate()
             proc.wait()
     return failed
+
+
+def steps_done(run: Run, state: str, root: Path) -> int:
+    """Environment steps ``run`` has behind it when it starts in ``state``: a resumed run's last
+    metrics row's, otherwise none."""
+    rows = run_metrics(run.directory(root)) if state == "resume" else []
+    return int(rows[-1].get("env_steps", 0)) if rows else 0
+
+
+def time_left(rates: dict[Run, float], left: list[tuple[Run, int, float]], jobs: int) -> float:
+    """Seconds until the runs ``left`` — (run, steps it has to go, seconds it has run) — are done,
+    ``jobs`` at a time, from the seconds per step of the runs that finished (``rates``): each run
+    at the rate of the finished runs of its task and arm, else of its arm, else of its task, else
+    of all (a grid's tasks and arms differ several times over: Ant's learning run against
+    Reacher's baseline); NaN before any run finished."""
+    if not rates:
+        return float("nan")
+
+    def rate(run: Run) -> float:
+        for same in (lambda r: (r.task, r.tag) == (run.task, run.tag), lambda r: r.tag == run.tag,
+                     lambda r: r.task == run.task, lambda r: True):
+            alike = [v for r, v in rates.items() if same(r)]
+            if alike:
+                return float(np.mean(alike))
+        raise AssertionError("unreachable: rates is not empty")
+
+    return sum(max(steps * rate(run) - ran, 0.0) for run, steps, ran in left) / jobs
 
 
 def _minutes_left(minutes: float) -> str:

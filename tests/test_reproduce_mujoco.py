@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments import figures
@@ -157,6 +158,25 @@ def test_progress_line_after_each_run(grid, capsys):
     assert lines[0].startswith("[1/2] Swimmer 700labels seed 0: final true return (mean of the last 5 rows) 40.0 (wall ")
     assert lines[1].startswith("[2/2] Swimmer baseline seed 0: final true return (mean of the last 5 rows) 40.0 (wall ")
     assert lines[1].endswith("about 0 min left") and "min left" in lines[0]
+
+
+def test_time_left_costs_each_run_at_its_own_task_and_arm():
+    """The grid's time left counted every run at the mean wall of those that had ended: after a
+    Reacher baseline of 1M steps in 40 s, Ant's learning runs of 3M steps came out at 40 s each."""
+    run = lambda task, labels, seed=0, steps=1_000_000: mg.Run(task, labels, seed, steps)
+    rates = {run("Reacher", None): 40 / 1e6, run("Reacher", 700): 60 / 1e6, run("Ant", 700): 1000 / 3e6}
+    # an Ant learning run of 3M at Ant's own learning rate; the Ant baseline at the baseline rate (no Ant
+    # baseline ended); Hopper's learning run at the learning arm's mean; two jobs at a time
+    left = [(run("Ant", 700, 1, 3_000_000), 3_000_000, 0.0), (run("Ant", None, 0, 3_000_000), 3_000_000, 0.0),
+            (run("Hopper", 700), 1_000_000, 0.0)]
+    assert mg.time_left(rates, left, jobs=2) == pytest.approx((1000 + 120 + (60 + 1000 / 3) / 2) / 2)
+    # a running run counts what it has still to do; one past its estimate counts nothing
+    assert mg.time_left(rates, [(run("Ant", 700, 1, 3_000_000), 3_000_000, 400.0)], 1) == pytest.approx(600)
+    assert mg.time_left(rates, [(run("Reacher", None, 1), 1_000_000, 90.0)], 1) == 0.0
+    # a variant's arm is its own (Ibarz's setups share a label budget)
+    ibarz = lambda variant: mg.Run("Pong", 100, 0, 1_000, "atari", variant=variant)
+    assert mg.time_left({ibarz("demos"): 1.0, ibarz("prefs"): 3.0}, [(ibarz("prefs"), 10, 0.0)], 1) == 30.0
+    assert np.isnan(mg.time_left({}, left, 2))
 
 
 def test_incomplete_directory_is_moved_aside_not_deleted(grid):
