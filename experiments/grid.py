@@ -325,6 +325,7 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
     are terminated."""
     pending, active, rates, failed = deque(todo), {}, {}, []
     total, done = len(todo), 0
+    to_go = {run: run.steps - steps_done(run, state, root) for run, state in todo}  # read once, at the start
     try:
         while pending or active:
             while pending and len(active) < jobs:
@@ -341,21 +342,20 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
                     done += 1
                     log(f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}: FAILED: {e}")
                     continue
-                active[run] = (proc, time.monotonic(), steps_done(run, state, root))
+                active[run] = (proc, time.monotonic())
                 how = {"resume": "resuming it", "restart": "afresh, the old directory moved aside"}.get(state, "afresh")
                 log(f"started {run.task} {run.tag} seed {run.seed} ({how}); log: {run.log_path(root)}")
-            polled = [(run, proc.poll(), start, first) for run, (proc, start, first) in active.items()]
-            ended = [(run, rc, start, first) for run, rc, start, first in polled if rc is not None]
-            for run, rc, start, first in ended:
+            polled = [(run, proc.poll(), start) for run, (proc, start) in active.items()]
+            ended = [(run, rc, start) for run, rc, start in polled if rc is not None]
+            for run, rc, start in ended:
                 del active[run]
                 done += 1
                 wall = time.monotonic() - start
                 if rc == 0:  # (a run that failed in seconds says nothing of how long the others take)
-                    rates[run] = wall / max(run.steps - first, 1)
+                    rates[run] = wall / max(to_go[run], 1)
                 now = time.monotonic()
-                left = time_left(rates, [(r, r.steps - steps_done(r, st, root), 0.0) for r, st in pending]
-                                 + [(r, r.steps - first, now - start) for r, (_, start, first) in active.items()],
-                                 jobs) / 60
+                left = time_left(rates, [(r, to_go[r], 0.0) for r, _ in pending]
+                                 + [(r, to_go[r], now - start) for r, (_, start) in active.items()], jobs) / 60
                 head = f"[{done}/{total}] {run.task} {run.tag} seed {run.seed}"
                 if rc != 0:
                     failed.append(run)
@@ -367,7 +367,7 @@ def execute(todo: list[tuple[Run, str]], root: Path, jobs: int, log: Callable[[s
             if not ended:
                 time.sleep(POLL_S)
     finally:
-        for proc, *_ in active.values():  # interrupted: stop the runs this call started
+        for proc, _ in active.values():  # interrupted: stop the runs this call started
             proc.terminate()
             proc.wait()
     return failed

@@ -38,10 +38,8 @@ def test_the_warm_up_is_three_iterations_of_the_first_learning_run_without_its_p
     config, run = mg.config_of("atari", argv), mg.expected_config(learned, tmp_path)
     assert config["total_steps"] == 3 * run["iteration_steps"] and config["label_horizon"] == 50_000_000
     assert config["pretrain_epochs"] == 0 and not config["distinct_initial_clips"] and run["distinct_initial_clips"]
-    assert {k: v for k, v in config.items() if k not in ("total_steps", "label_horizon", "pretrain_epochs",
-                                                          "distinct_initial_clips")} == \
-        {k: v for k, v in run.items() if k not in ("total_steps", "label_horizon", "pretrain_epochs",
-                                                   "distinct_initial_clips")}
+    changed = ("total_steps", "label_horizon", "pretrain_epochs", "distinct_initial_clips")
+    assert {k: v for k, v in config.items() if k not in changed} == {k: v for k, v in run.items() if k not in changed}
 
 
 def test_final_score_reads_episode_returns_where_episodes_ended():
