@@ -257,16 +257,37 @@ def move_aside(directory: Path) -> Path:
 
 
 # ------------------------------------------------------------------ running
+# What a run's process does before it becomes ``python -m experiments.<entry>``: it asks Linux for a
+# SIGTERM when the grid that started it dies (prctl's PR_SET_PDEATHSIG), so a SIGKILLed grid leaves
+# no run training on unwatched, holding its directory, and the next grid resumes it.  A grid that
+# died before the request was made is seen at once (the parent is no longer the grid): the run does
+# not start.  (Not Linux: no request, and a SIGKILLed grid's runs go on as before.)  In the child,
+# not in ``preexec_fn``: Python between fork and exec can deadlock on a lock another thread held.
+_DIE_WITH_GRID = """\
+import ctypes, os, runpy, signal, sys
+grid, module = int(sys.argv[1]), sys.argv[2]
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+except (AttributeError, OSError):
+    pass
+if os.getppid() != grid:
+    sys.exit(f"the grid that started this run (pid {grid}) is gone: not started")
+sys.argv = [module, *sys.argv[3:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
 def launch(argv: list[str], log_path: Path, entry: str = "mujoco"):
-    """Start ``python -m experiments.<entry> ARGV`` as a subprocess (its own memory, its own JAX),
-    stdout and stderr appended to ``log_path``; returns the ``subprocess.Popen``.  The one seam
-    through which this module runs anything (the tests replace it)."""
+    """Start ``python -m experiments.<entry> ARGV`` as a subprocess (its own memory, its own JAX)
+    that ends with this process (:data:`_DIE_WITH_GRID`), stdout and stderr appended to
+    ``log_path``; returns the ``subprocess.Popen``.  The one seam through which this module runs
+    anything (the tests replace it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open_append(log_path) as log:  # a link at its name is replaced, never appended through
         log.write(f"\n$ python -m experiments.{entry} {' '.join(argv)}\n".encode())
         log.flush()
-        return subprocess.Popen([sys.executable, "-m", f"experiments.{entry}", *argv], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return subprocess.Popen([sys.executable, "-c", _DIE_WITH_GRID, str(os.getpid()), f"experiments.{entry}",
+                                 *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def argv_for(run: Run, state: str, root: Path) -> list[str]:
@@ -302,8 +323,8 @@ def _fmt(x: float | None) -> str:
 def stopped_as_by_ctrl_c(*signals: int) -> Iterator[None]:
     """Within the block, ``signals`` (SIGTERM from ``kill``, ``timeout`` or a scheduler; SIGHUP from
     a closed terminal) raise ``KeyboardInterrupt`` as Ctrl-C does, so :func:`execute` stops the runs it
-    started instead of leaving them training on, unwatched.  (A SIGKILL cannot be caught: its runs go
-    on, and holding their directories, refuse a second grid until they end.)"""
+    started instead of leaving them training on, unwatched.  (A SIGKILL cannot be caught: the runs
+    then end by the SIGTERM :func:`launch` has Linux send them when the grid dies.)"""
     before = {sig: signal.getsignal(sig) for sig in signals}
 
     def interrupt(signum, frame):

@@ -3,10 +3,12 @@ runner (failures, progress, --jobs), the target check, the results.md section an
 
 No MuJoCo and no JAX here: ``reproduce_mujoco.launch`` — the one place the module starts a run —
 is replaced by a fake that writes what ``experiments.mujoco`` would (config.json, metrics.jsonl,
-summary.json) and finishes at once."""
+summary.json) and finishes at once.  Only the tests of that seam itself start real entry points
+(refused at once, or a CartPole run killed with its grid seconds after it starts)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -608,6 +610,52 @@ def test_launch_starts_experiments_mujoco_with_its_output_in_the_log(tmp_path):
     text = log.read_text()
     assert "$ python -m experiments.mujoco --env NoSuchTask --no-progress" in text
     assert "Unknown environment 'NoSuchTask'" in text
+
+
+def test_a_sigkilled_grid_takes_its_runs_with_it(tmp_path):
+    """A grid killed by SIGKILL (``kill -9``, the OOM killer) left its runs training on, unwatched
+    and holding their directories, so the next grid refused them as in use.  Now each run gets a
+    SIGTERM when its grid dies, and its directory is free for the next grid to resume."""
+    import os
+    import signal
+    import time
+
+    from rlhp_jax.runs import in_use
+
+    run = tmp_path / "run"
+    code = ("import sys, time; from pathlib import Path; from experiments import grid; "
+            "p = grid.launch(['--env', 'CartPole-v1', '--steps', '100000000', '--no-progress', '--out', sys.argv[1]], "
+            "Path(sys.argv[2]), entry='classic'); print(p.pid, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(run), str(tmp_path / "run.log")],
+                              cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 180
+        while not in_use(run):  # the run has claimed its directory: it is training
+            assert time.monotonic() < deadline and parent.poll() is None, (tmp_path / "run.log").read_text()
+            time.sleep(0.2)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while in_use(run):
+            assert time.monotonic() < deadline, "the run trains on after its grid was killed"
+            time.sleep(0.2)
+        assert not (run / "summary.json").exists()
+    finally:
+        parent.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_run_whose_grid_is_already_gone_does_not_start(tmp_path):
+    """The grid died between starting the process and its request to be told: the run sees a
+    parent that is not its grid and stops before anything is written."""
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", mg._DIE_WITH_GRID, "1", "experiments.classic", "--env", "CartPole-v1",
+                           "--out", str(run)], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "the grid that started this run (pid 1) is gone: not started" in done.stderr
+    assert not run.exists()
 
 
 def test_a_grid_of_another_entry_point_starts_and_checks_runs_with_it(tmp_path):
