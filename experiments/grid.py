@@ -279,7 +279,8 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 def launch(argv: list[str], log_path: Path, entry: str = "mujoco"):
     """Start ``python -m experiments.<entry> ARGV`` as a subprocess (its own memory, its own JAX)
-    that ends with this process (:data:`_DIE_WITH_GRID`), stdout and stderr appended to
+    that ends with this process (:data:`_DIE_WITH_GRID`; Linux tells it when the *thread* that called
+    this ends, so call it from the main thread, as every caller does), stdout and stderr appended to
     ``log_path``; returns the ``subprocess.Popen``.  The one seam through which this module runs
     anything (the tests replace it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
