@@ -14,6 +14,15 @@ much less, an r̂ of (o_t, a_t) must learn that part of the dynamics from the la
 what it learns from random flailing need not hold on a gait (Swimmer: BUILD_NOTES, "Swimmer's
 step reward is a function of the transition").
 
+    python -m experiments.reward_inputs --policy runs/mujoco/Swimmer-trpo-baseline-seed0
+
+``--policy RUN`` asks what matters to the agent: the fits are made on random actions' transitions
+of RUN's task, as above, then scored on the transitions of RUN's newest policy (its sampled
+actions), states the random steps may never visit.  A fit that follows the policy's rewards step
+by step (R² there) can still get their *mean* wrong, and the mean per step is what the agent
+maximizes: where the prediction's mean is far from the true one, an r̂ of those inputs fitted to
+the first labels pays the policy's gait for something other than its speed.
+
 Steps whose next observation is not their own (an episode boundary, envpool's deferred reset, a
 termination that resets the task) are left out.  Vector observations only.
 """
@@ -29,18 +38,31 @@ from rlhp_jax.refusal import refuse
 INPUT_SETS = ("o_t", "o_t,a_t", "o_t+1", "o_t,a_t,o_t+1")
 
 
-def transitions(task: str, steps: int, num_envs: int, seed: int) -> dict[str, np.ndarray]:
-    """``steps`` batched steps of ``task`` under uniformly random actions: the observation before
-    each kept step (``obs``), its action (``action``, one-hot where discrete), the observation
-    after it (``next_obs``) and its true reward (``reward``), flattened over environments."""
+def random_actions(spec, num_envs: int):
+    """``act(key, obs)``: uniformly random actions of ``spec``'s action space."""
     import jax
 
+    if spec.discrete:
+        return lambda key, obs: jax.random.randint(key, (num_envs,), 0, spec.num_actions)
+    low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+    return lambda key, obs: low + (high - low) * jax.random.uniform(key, (num_envs, spec.num_actions))
+
+
+def transitions(task: str, steps: int, num_envs: int, seed: int, act=None) -> dict[str, np.ndarray]:
+    """``steps`` batched steps of ``task``, acting by ``act(key, obs) -> actions`` (default: uniformly
+    random actions): the observation before each kept step (``obs``), its action (``action``, as
+    the task receives it: clipped to the bounds, one-hot where discrete), the observation after
+    it (``next_obs``) and its true reward (``reward``), flattened over environments."""
+    import jax
+
+    from rlhp_jax.core import clip_action
     from rlhp_jax.envs import make_env
 
     env = make_env(task, num_envs)
     spec = env.spec
     if len(spec.obs_shape) != 1:
         raise ValueError(f"{task} has observations of shape {spec.obs_shape}: this probe fits vector observations only")
+    act = act or random_actions(spec, num_envs)
     key = jax.random.PRNGKey(seed)
     key, k = jax.random.split(key)
     state, obs = env.reset(k)
@@ -48,17 +70,13 @@ def transitions(task: str, steps: int, num_envs: int, seed: int) -> dict[str, np
     o, a, o1, r = [], [], [], []
     for _ in range(steps):
         key, k_a, k_s = jax.random.split(key, 3)
-        if spec.discrete:
-            action = jax.random.randint(k_a, (num_envs,), 0, spec.num_actions)
-        else:
-            low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-            action = low + (high - low) * jax.random.uniform(k_a, (num_envs, spec.num_actions))
+        action = clip_action(spec, act(k_a, obs))
         state, out = env.step(k_s, state, action)
         kept = np.asarray(out.valid) & ~np.asarray(out.boundary)
         if not keep_resets:
             kept &= ~np.asarray(out.terminated)
-        act = np.eye(spec.num_actions)[np.asarray(action)] if spec.discrete else np.asarray(action)
-        o.append(np.asarray(obs)[kept]), a.append(act[kept]), o1.append(np.asarray(out.obs)[kept])
+        taken = np.eye(spec.num_actions)[np.asarray(action)] if spec.discrete else np.asarray(action)
+        o.append(np.asarray(obs)[kept]), a.append(taken[kept]), o1.append(np.asarray(out.obs)[kept])
         r.append(np.asarray(out.true_reward)[kept])
         obs = out.obs
     return dict(obs=np.concatenate(o), action=np.concatenate(a), next_obs=np.concatenate(o1), reward=np.concatenate(r))
@@ -81,37 +99,99 @@ def r_squared(reward: np.ndarray, *inputs: np.ndarray, quadratic: bool = False) 
     return float(1.0 - np.mean((x @ w - y) ** 2) / y.var())
 
 
+def _inputs(t: dict, name: str) -> tuple[np.ndarray, ...]:
+    return tuple(t[{"o_t": "obs", "a_t": "action", "o_t+1": "next_obs"}[part]] for part in name.split(","))
+
+
 def probe(task: str, steps: int = 2000, num_envs: int = 8, seed: int = 0) -> dict[str, dict[str, float]]:
     """{"linear" | "quadratic": {input set (:data:`INPUT_SETS`): R²}} for ``task``, and ``steps``:
     the number of transitions fitted."""
     t = transitions(task, steps, num_envs, seed)
-    sets = {"o_t": (t["obs"],), "o_t,a_t": (t["obs"], t["action"]), "o_t+1": (t["next_obs"],),
-            "o_t,a_t,o_t+1": (t["obs"], t["action"], t["next_obs"])}
-    return dict(steps=len(t["reward"]), **{kind: {name: r_squared(t["reward"], *xs, quadratic=kind == "quadratic")
-                                                  for name, xs in sets.items()} for kind in ("linear", "quadratic")})
+    return dict(steps=len(t["reward"]), **{kind: {name: r_squared(t["reward"], *_inputs(t, name),
+                                                                  quadratic=kind == "quadratic")
+                                                  for name in INPUT_SETS} for kind in ("linear", "quadratic")})
+
+
+def _features(xs, stats=None, quadratic: bool = False):
+    """The design matrix of :func:`r_squared` (standardized by ``stats``, the fitted set's mean and
+    std, where given) and those stats."""
+    x = np.concatenate([np.asarray(i, np.float64).reshape(len(xs[0]), -1) for i in xs], axis=1)
+    if stats is None:
+        stats = (x.mean(0), np.where(x.std(0) > 0, x.std(0), 1.0))
+    z = (x - stats[0]) / stats[1]
+    if quadratic:
+        i, j = np.triu_indices(z.shape[1])
+        z = np.concatenate([z, z[:, i] * z[:, j]], axis=1)
+    return np.concatenate([z, np.ones((len(z), 1))], axis=1), stats
+
+
+def transfer(fitted: dict, scored: dict) -> dict:
+    """Fits on ``fitted``'s transitions (:func:`transitions`), scored on ``scored``'s: the true mean
+    reward per step there (``true_mean``) and, per kind and input set, the fit's mean prediction
+    there (``mean``) and its R² there (``r2``: negative where it does worse than the true mean)."""
+    y, target = np.asarray(fitted["reward"], np.float64), np.asarray(scored["reward"], np.float64)
+    out = dict(true_mean=float(target.mean()), steps=len(target))
+    for kind in ("linear", "quadratic"):
+        out[kind] = {}
+        for name in INPUT_SETS:
+            x, stats = _features(_inputs(fitted, name), quadratic=kind == "quadratic")
+            w, *_ = np.linalg.lstsq(x, y, rcond=None)
+            pred = _features(_inputs(scored, name), stats, quadratic=kind == "quadratic")[0] @ w
+            r2 = 1.0 - np.mean((pred - target) ** 2) / target.var() if target.var() > 0 else float("nan")
+            out[kind][name] = dict(mean=float(pred.mean()), r2=float(r2))
+    return out
+
+
+def policy_actions(run: str, num_envs: int):
+    """(task, ``act(key, obs)``): the newest policy of the Christiano run ``run``, sampling."""
+    from experiments.reward_diagnostics import load
+
+    pr, state = load(run)
+    params = state["agent"].params
+    return pr.cfg.env, lambda key, obs: pr.agent.policy(params, obs, key)[0]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.reward_inputs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", required=True, help="tasks to probe (any vector-observation task)")
+    p.add_argument("--tasks", nargs="+", default=[], help="tasks to probe (any vector-observation task)")
+    p.add_argument("--policy", default=None, metavar="RUN",
+                   help="also score the random-action fits on RUN's newest policy's transitions (RUN's task)")
     p.add_argument("--steps", type=int, default=2000, help="batched steps per task (default 2000)")
     p.add_argument("--envs", type=int, default=8, help="environments stepped at once (default 8)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.steps < 2 or args.envs < 1:
         p.error("--steps must be at least 2 and --envs positive")
+    if not args.tasks and args.policy is None:
+        p.error("give --tasks, --policy RUN, or both")
     from rlhp_jax.tasks import resolve
 
-    results = {}
+    results, moved = {}, None
     try:
         for task in args.tasks:
             resolve(task)  # every name checked before any task is stepped
+        if args.policy is not None:
+            task, act = policy_actions(args.policy, args.envs)
+            print(f"stepping {task} ({args.steps} steps × {args.envs} environments) with random actions and with "
+                  f"{args.policy}'s policy", flush=True)
+            moved = transfer(transitions(task, args.steps, args.envs, args.seed),
+                             transitions(task, args.steps, args.envs, args.seed + 1, act=act))
         for task in args.tasks:
             print(f"stepping {task} ({args.steps} steps × {args.envs} environments, random actions)", flush=True)
             results[task] = probe(task, args.steps, args.envs, args.seed)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         return refuse(e)
+    if moved is not None:
+        print(f"\nfitted on random actions, scored on {args.policy}'s policy ({moved['steps']:,} transitions; "
+              f"true reward per step there {moved['true_mean']:.4g}): the fit's mean per step there, and its R² there\n")
+        print("| inputs | linear: mean | linear: R² | quadratic: mean | quadratic: R² |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for name in INPUT_SETS:
+            lin, quad = moved["linear"][name], moved["quadratic"][name]
+            print(f"| {name} | {lin['mean']:.4g} | {lin['r2']:.3f} | {quad['mean']:.4g} | {quad['r2']:.3f} |")
+        if not results:
+            return 0
     print("\nR² of the per-step true reward fitted on each input set (– where the kept steps' reward is constant)\n")
     print("| task | transitions | " + " | ".join(f"linear {s}" for s in INPUT_SETS) + " | "
           + " | ".join(f"quadratic {s}" for s in INPUT_SETS) + " |")

@@ -46,3 +46,23 @@ def test_the_command_prints_one_row_per_task_and_refuses_what_it_cannot_fit(caps
     assert "this probe fits vector observations only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ri.main(["--tasks", "Pendulum-v1", "--steps", "1"])
+
+
+def test_fits_scored_on_other_states_show_which_inputs_extrapolate():
+    """A reward of the next observation: fitted where the states lie near 0, scored where they
+    lie near 2 (a policy's gait, far from random flailing), the fits that see o_t+1 get the mean
+    and every step right; the one of o_t alone cannot."""
+    rng = np.random.default_rng(0)
+
+    def steps(centre):
+        obs = rng.normal(centre, 1.0, size=(500, 2))
+        action = rng.uniform(-1, 1, size=(500, 1))
+        next_obs = obs + 0.5 * action + 0.3 * rng.normal(size=(500, 2))
+        return dict(obs=obs, action=action, next_obs=next_obs, reward=next_obs[:, 0] - 0.5 * next_obs[:, 1])
+
+    got = ri.transfer(steps(0.0), steps(2.0))
+    assert got["steps"] == 500 and got["true_mean"] == pytest.approx(1.0, abs=0.2)
+    for name in ("o_t+1", "o_t,a_t,o_t+1"):
+        assert got["linear"][name]["r2"] == pytest.approx(1.0)
+        assert got["linear"][name]["mean"] == pytest.approx(got["true_mean"])
+    assert got["linear"]["o_t"]["r2"] < 0.95
