@@ -189,7 +189,8 @@ def main(argv=None) -> int:
         print("| --- | ---: | ---: | ---: | ---: |")
         for name in INPUT_SETS:
             lin, quad = moved["linear"][name], moved["quadratic"][name]
-            print(f"| {name} | {lin['mean']:.4g} | {lin['r2']:.3f} | {quad['mean']:.4g} | {quad['r2']:.3f} |")
+            r2 = ["–" if np.isnan(x["r2"]) else f"{x['r2']:.3f}" for x in (lin, quad)]
+            print(f"| {name} | {lin['mean']:.4g} | {r2[0]} | {quad['mean']:.4g} | {r2[1]} |")
         if not results:
             return 0
     print("\nR² of the per-step true reward fitted on each input set (– where the kept steps' reward is constant)\n")

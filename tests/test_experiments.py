@@ -313,6 +313,19 @@ def test_demonstrations_recorded_from_a_finished_run_use_its_newest_checkpoint(t
         trained.load_policy(empty, make_env("CartPole-v1", 1), 0.0)
 
 
+def test_reward_inputs_scores_its_fits_on_a_runs_policy(cartpole_run, tmp_path, capsys):
+    """``reward_inputs --policy RUN``: the random-action fits scored on RUN's newest policy's steps
+    (CartPole pays 1 on every kept step: the means are 1, the R² undefined)."""
+    from experiments import reward_inputs
+
+    assert reward_inputs.main(["--policy", str(cartpole_run), "--steps", "8", "--envs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"scored on {cartpole_run}'s policy" in out and "true reward per step there 1)" in out
+    assert "| o_t,a_t,o_t+1 | 1 | – |" in out and out.count(" | – |") == 8
+    assert reward_inputs.main(["--policy", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+
+
 def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpole_run, capsys):
     from experiments import reward_diagnostics
 
