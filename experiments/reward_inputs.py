@@ -21,7 +21,9 @@ of RUN's task, as above, then scored on the transitions of RUN's newest policy (
 actions), states the random steps may never visit.  A fit that follows the policy's rewards step
 by step (R² there) can still get their *mean* wrong, and the mean per step is what the agent
 maximizes: where the prediction's mean is far from the true one, an r̂ of those inputs fitted to
-the first labels pays the policy's gait for something other than its speed.
+the first labels pays the policy's gait for something other than its speed.  ``--mlp SEEDS`` fits
+A.1's reward MLP itself (by squared error to the step rewards, not by preferences) beside the
+least squares, SEEDS times per input set.
 
 Steps whose next observation is not their own (an episode boundary, envpool's deferred reset, a
 termination that resets the task) are left out.  Vector observations only.
@@ -142,6 +144,61 @@ def transfer(fitted: dict, scored: dict) -> dict:
     return out
 
 
+def mlp_transfer(fitted: dict, scored: dict, *, discrete: bool, num_actions: int, seeds: int = 3,
+                 steps: int = 6000, batch: int = 256, lr: float = 1e-3) -> dict:
+    """As :func:`transfer`, with A.1's reward MLP (``RewardMLP``: 2 × 64, leaky ReLU) in place of the
+    least squares, fitted by squared error to the step rewards (Adam, ``steps`` batches of
+    ``batch``) on the standardized inputs, once per seed: {input set: {"mean": [per seed], "r2":
+    [per seed], "fit_r2": [per seed, on the fitted steps]}}."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from rlhp_jax.reward_models import RewardMLP
+
+    y = jnp.asarray(fitted["reward"], jnp.float32)
+    target = np.asarray(scored["reward"], np.float64)
+    out = {}
+    for name in INPUT_SETS:
+        parts = name.split(",")
+        states = [p for p in parts if p != "a_t"]
+        x = np.concatenate([fitted[{"o_t": "obs", "o_t+1": "next_obs"}[p]] for p in states], axis=1)
+        mu, sd = x.mean(0), np.where(x.std(0) > 0, x.std(0), 1.0)
+        xs = jnp.asarray((x - mu) / sd, jnp.float32)
+        xp = jnp.asarray((np.concatenate([scored[{"o_t": "obs", "o_t+1": "next_obs"}[p]] for p in states], axis=1)
+                          - mu) / sd, jnp.float32)
+        # the action as the reward model takes it: an index where discrete (transitions one-hot them)
+        to_action = (lambda a: jnp.asarray(np.argmax(a, axis=1), jnp.int32)) if discrete else \
+            (lambda a: jnp.asarray(a, jnp.float32))
+        a_fit, a_score = to_action(fitted["action"]), to_action(scored["action"])
+        model = RewardMLP(num_actions=num_actions, discrete=discrete, use_action="a_t" in parts)
+        opt = optax.adam(lr)
+
+        @jax.jit
+        def train(key):
+            params = model.init(key, xs[:1], a_fit[:1])
+
+            def step(carry, k):
+                params, opt_state = carry
+                idx = jax.random.randint(k, (batch,), 0, len(y))
+                g = jax.grad(lambda p: jnp.mean((model.apply(p, xs[idx], a_fit[idx]) - y[idx]) ** 2))(params)
+                updates, opt_state = opt.update(g, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), None
+
+            (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), jax.random.split(key, steps))
+            return model.apply(params, xs, a_fit), model.apply(params, xp, a_score)
+
+        rows = dict(mean=[], r2=[], fit_r2=[])
+        for seed in range(seeds):
+            on_fit, pred = (np.asarray(v, np.float64) for v in train(jax.random.PRNGKey(seed)))
+            rows["mean"].append(float(pred.mean()))
+            rows["r2"].append(float(1.0 - np.mean((pred - target) ** 2) / target.var()) if target.var() > 0
+                              else float("nan"))
+            rows["fit_r2"].append(float(1.0 - np.mean((on_fit - np.asarray(y)) ** 2) / max(float(y.var()), 1e-12)))
+        out[name] = rows
+    return out
+
+
 def policy_actions(run: str, num_envs: int):
     """(task, ``act(key, obs)``): the newest policy of the Christiano run ``run``, sampling."""
     from experiments.reward_diagnostics import load
@@ -151,12 +208,19 @@ def policy_actions(run: str, num_envs: int):
     return pr.cfg.env, lambda key, obs: pr.agent.policy(params, obs, key)[0]
 
 
+def _cells(values) -> str:
+    """Per-seed values as ``a, b, c``."""
+    return ", ".join("–" if np.isnan(v) else f"{v:.3g}" for v in values)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.reward_inputs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=[], help="tasks to probe (any vector-observation task)")
     p.add_argument("--policy", default=None, metavar="RUN",
                    help="also score the random-action fits on RUN's newest policy's transitions (RUN's task)")
+    p.add_argument("--mlp", type=int, default=0, metavar="SEEDS",
+                   help="with --policy: also fit A.1's reward MLP by squared error, SEEDS times per input set")
     p.add_argument("--steps", type=int, default=2000, help="batched steps per task (default 2000)")
     p.add_argument("--envs", type=int, default=8, help="environments stepped at once (default 8)")
     p.add_argument("--seed", type=int, default=0)
@@ -165,6 +229,8 @@ def main(argv=None) -> int:
         p.error("--steps must be at least 2 and --envs positive")
     if not args.tasks and args.policy is None:
         p.error("give --tasks, --policy RUN, or both")
+    if args.mlp and args.policy is None or args.mlp < 0:
+        p.error("--mlp SEEDS (a positive count) fits the MLP for --policy RUN: give both")
     from rlhp_jax.tasks import resolve
 
     results, moved = {}, None
@@ -175,8 +241,15 @@ def main(argv=None) -> int:
             task, act = policy_actions(args.policy, args.envs)
             print(f"stepping {task} ({args.steps} steps × {args.envs} environments) with random actions and with "
                   f"{args.policy}'s policy", flush=True)
-            moved = transfer(transitions(task, args.steps, args.envs, args.seed),
-                             transitions(task, args.steps, args.envs, args.seed + 1, act=act))
+            fitted = transitions(task, args.steps, args.envs, args.seed)
+            scored = transitions(task, args.steps, args.envs, args.seed + 1, act=act)
+            moved = transfer(fitted, scored)
+            if args.mlp:
+                from rlhp_jax.envs import make_env
+
+                spec = make_env(task, 1).spec
+                print(f"fitting A.1's reward MLP on each input set, {args.mlp} seed(s)", flush=True)
+                mlp = mlp_transfer(fitted, scored, discrete=spec.discrete, num_actions=spec.num_actions, seeds=args.mlp)
         for task in args.tasks:
             print(f"stepping {task} ({args.steps} steps × {args.envs} environments, random actions)", flush=True)
             results[task] = probe(task, args.steps, args.envs, args.seed)
@@ -191,6 +264,12 @@ def main(argv=None) -> int:
             lin, quad = moved["linear"][name], moved["quadratic"][name]
             r2 = ["–" if np.isnan(x["r2"]) else f"{x['r2']:.3f}" for x in (lin, quad)]
             print(f"| {name} | {lin['mean']:.4g} | {r2[0]} | {quad['mean']:.4g} | {r2[1]} |")
+        if args.mlp:
+            print("\nA.1's reward MLP, fitted by squared error on the random actions' steps (one value per seed)\n")
+            print("| inputs | R² on the fitted steps | mean per step on the policy | R² on the policy |")
+            print("| --- | ---: | ---: | ---: |")
+            for name, rows in mlp.items():
+                print(f"| {name} | {_cells(rows['fit_r2'])} | {_cells(rows['mean'])} | {_cells(rows['r2'])} |")
         if not results:
             return 0
     print("\nR² of the per-step true reward fitted on each input set (– where the kept steps' reward is constant)\n")

@@ -46,6 +46,9 @@ def test_the_command_prints_one_row_per_task_and_refuses_what_it_cannot_fit(caps
     assert "this probe fits vector observations only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ri.main(["--tasks", "Pendulum-v1", "--steps", "1"])
+    with pytest.raises(SystemExit):  # the MLP is fitted for a policy's states only
+        ri.main(["--tasks", "Pendulum-v1", "--mlp", "2"])
+    assert "--mlp SEEDS" in capsys.readouterr().err
 
 
 def test_fits_scored_on_other_states_show_which_inputs_extrapolate():
@@ -66,3 +69,21 @@ def test_fits_scored_on_other_states_show_which_inputs_extrapolate():
         assert got["linear"][name]["r2"] == pytest.approx(1.0)
         assert got["linear"][name]["mean"] == pytest.approx(got["true_mean"])
     assert got["linear"]["o_t"]["r2"] < 0.95
+
+
+def test_the_reward_mlp_fitted_per_seed_reports_each_input_set():
+    """``mlp_transfer``: A.1's MLP, one fit per seed and input set, scored on the other states; on a
+    reward of the next observation the fit that sees it follows the scored steps."""
+    rng = np.random.default_rng(1)
+
+    def steps(centre):
+        obs = rng.normal(centre, 1.0, size=(400, 2))
+        action = rng.uniform(-1, 1, size=(400, 1))
+        next_obs = obs + 0.5 * action
+        return dict(obs=obs, action=action, next_obs=next_obs, reward=next_obs[:, 0])
+
+    got = ri.mlp_transfer(steps(0.0), steps(0.5), discrete=False, num_actions=1, seeds=2, steps=400, batch=64,
+                          lr=3e-3)
+    assert set(got) == set(ri.INPUT_SETS) and all(len(v) == 2 for rows in got.values() for v in rows.values())
+    assert min(got["o_t+1"]["r2"]) > 0.9 and min(got["o_t+1"]["fit_r2"]) > 0.9
+    assert max(got["o_t"]["fit_r2"]) < min(got["o_t,a_t"]["fit_r2"])  # the action explains the rest
