@@ -84,25 +84,36 @@ def transitions(task: str, steps: int, num_envs: int, seed: int, act=None) -> di
     return dict(obs=np.concatenate(o), action=np.concatenate(a), next_obs=np.concatenate(o1), reward=np.concatenate(r))
 
 
-def r_squared(reward: np.ndarray, *inputs: np.ndarray, quadratic: bool = False) -> float:
-    """R² of the least-squares fit of ``reward`` on ``inputs`` (columns side by side) and a constant;
-    ``quadratic``: on the standardized inputs and every pairwise product of them (squares included).
-    NaN where the reward does not vary."""
-    x = np.concatenate([np.asarray(i, np.float64).reshape(len(reward), -1) for i in inputs], axis=1)
+FIELDS = {"o_t": "obs", "a_t": "action", "o_t+1": "next_obs"}  # an input set's parts: transitions' fields
+
+
+def _features(xs, stats=None, quadratic: bool = False):
+    """The design matrix of a fit on the inputs ``xs`` (columns side by side), standardized by
+    ``stats`` (a fitted set's mean and std; its own where None), with every pairwise product of
+    the standardized inputs where ``quadratic`` (squares included), and a constant; and the stats."""
+    x = np.concatenate([np.asarray(i, np.float64).reshape(len(xs[0]), -1) for i in xs], axis=1)
+    if stats is None:
+        stats = (x.mean(0), np.where(x.std(0) > 0, x.std(0), 1.0))
+    z = (x - stats[0]) / stats[1]
     if quadratic:
-        x = (x - x.mean(0)) / np.where(x.std(0) > 0, x.std(0), 1.0)
-        i, j = np.triu_indices(x.shape[1])
-        x = np.concatenate([x, x[:, i] * x[:, j]], axis=1)
+        i, j = np.triu_indices(z.shape[1])
+        z = np.concatenate([z, z[:, i] * z[:, j]], axis=1)
+    return np.concatenate([z, np.ones((len(z), 1))], axis=1), stats
+
+
+def r_squared(reward: np.ndarray, *inputs: np.ndarray, quadratic: bool = False) -> float:
+    """R² of the least-squares fit of ``reward`` on ``inputs`` and a constant (``quadratic``: see
+    :func:`_features`); NaN where the reward does not vary."""
     y = np.asarray(reward, np.float64)
     if y.var() == 0:
         return float("nan")
-    x = np.concatenate([x, np.ones((len(y), 1))], axis=1)
+    x, _ = _features(inputs, quadratic=quadratic)
     w, *_ = np.linalg.lstsq(x, y, rcond=None)
     return float(1.0 - np.mean((x @ w - y) ** 2) / y.var())
 
 
 def _inputs(t: dict, name: str) -> tuple[np.ndarray, ...]:
-    return tuple(t[{"o_t": "obs", "a_t": "action", "o_t+1": "next_obs"}[part]] for part in name.split(","))
+    return tuple(t[FIELDS[part]] for part in name.split(","))
 
 
 def probe(task: str, steps: int = 2000, num_envs: int = 8, seed: int = 0) -> dict[str, dict[str, float]]:
@@ -112,19 +123,6 @@ def probe(task: str, steps: int = 2000, num_envs: int = 8, seed: int = 0) -> dic
     return dict(steps=len(t["reward"]), **{kind: {name: r_squared(t["reward"], *_inputs(t, name),
                                                                   quadratic=kind == "quadratic")
                                                   for name in INPUT_SETS} for kind in ("linear", "quadratic")})
-
-
-def _features(xs, stats=None, quadratic: bool = False):
-    """The design matrix of :func:`r_squared` (standardized by ``stats``, the fitted set's mean and
-    std, where given) and those stats."""
-    x = np.concatenate([np.asarray(i, np.float64).reshape(len(xs[0]), -1) for i in xs], axis=1)
-    if stats is None:
-        stats = (x.mean(0), np.where(x.std(0) > 0, x.std(0), 1.0))
-    z = (x - stats[0]) / stats[1]
-    if quadratic:
-        i, j = np.triu_indices(z.shape[1])
-        z = np.concatenate([z, z[:, i] * z[:, j]], axis=1)
-    return np.concatenate([z, np.ones((len(z), 1))], axis=1), stats
 
 
 def transfer(fitted: dict, scored: dict) -> dict:
@@ -162,11 +160,10 @@ def mlp_transfer(fitted: dict, scored: dict, *, discrete: bool, num_actions: int
     for name in INPUT_SETS:
         parts = name.split(",")
         states = [p for p in parts if p != "a_t"]
-        x = np.concatenate([fitted[{"o_t": "obs", "o_t+1": "next_obs"}[p]] for p in states], axis=1)
+        x = np.concatenate([fitted[FIELDS[p]] for p in states], axis=1)
         mu, sd = x.mean(0), np.where(x.std(0) > 0, x.std(0), 1.0)
         xs = jnp.asarray((x - mu) / sd, jnp.float32)
-        xp = jnp.asarray((np.concatenate([scored[{"o_t": "obs", "o_t+1": "next_obs"}[p]] for p in states], axis=1)
-                          - mu) / sd, jnp.float32)
+        xp = jnp.asarray((np.concatenate([scored[FIELDS[p]] for p in states], axis=1) - mu) / sd, jnp.float32)
         # the action as the reward model takes it: an index where discrete (transitions one-hot them)
         to_action = (lambda a: jnp.asarray(np.argmax(a, axis=1), jnp.int32)) if discrete else \
             (lambda a: jnp.asarray(a, jnp.float32))
