@@ -40,48 +40,36 @@ from rlhp_jax.refusal import refuse
 INPUT_SETS = ("o_t", "o_t,a_t", "o_t+1", "o_t,a_t,o_t+1")
 
 
-def random_actions(spec, num_envs: int):
-    """``act(key, obs)``: uniformly random actions of ``spec``'s action space."""
+def transitions(task: str, steps: int, num_envs: int, seed: int, policy=None, params=None) -> dict[str, np.ndarray]:
+    """``steps`` batched steps of ``task`` (one compiled rollout), acting by ``policy(params, obs,
+    key)`` (a ``policy_fn``; default: uniformly random actions): the observation before each kept
+    step (``obs``), its action (``action``, as the task receives it: clipped to the bounds,
+    one-hot where discrete), the observation after it (``next_obs``) and its true reward
+    (``reward``), flattened over environments."""
     import jax
+    import jax.numpy as jnp
 
-    if spec.discrete:
-        return lambda key, obs: jax.random.randint(key, (num_envs,), 0, spec.num_actions)
-    low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-    return lambda key, obs: low + (high - low) * jax.random.uniform(key, (num_envs, spec.num_actions))
-
-
-def transitions(task: str, steps: int, num_envs: int, seed: int, act=None) -> dict[str, np.ndarray]:
-    """``steps`` batched steps of ``task``, acting by ``act(key, obs) -> actions`` (default: uniformly
-    random actions): the observation before each kept step (``obs``), its action (``action``, as
-    the task receives it: clipped to the bounds, one-hot where discrete), the observation after
-    it (``next_obs``) and its true reward (``reward``), flattened over environments."""
-    import jax
-
+    from rlhp_jax.agents.common import random_policy
     from rlhp_jax.core import clip_action
     from rlhp_jax.envs import make_env
+    from rlhp_jax.rollout import collect_rollout
 
     env = make_env(task, num_envs)
     spec = env.spec
     if len(spec.obs_shape) != 1:
         raise ValueError(f"{task} has observations of shape {spec.obs_shape}: this probe fits vector observations only")
-    act = act or random_actions(spec, num_envs)
-    key = jax.random.PRNGKey(seed)
-    key, k = jax.random.split(key)
-    state, obs = env.reset(k)
-    keep_resets = spec.on_terminate != "reset"  # a termination that resets: the next observation is the reset's
-    o, a, o1, r = [], [], [], []
-    for _ in range(steps):
-        key, k_a, k_s = jax.random.split(key, 3)
-        action = clip_action(spec, act(k_a, obs))
-        state, out = env.step(k_s, state, action)
-        kept = np.asarray(out.valid) & ~np.asarray(out.boundary)
-        if not keep_resets:
-            kept &= ~np.asarray(out.terminated)
-        taken = np.eye(spec.num_actions)[np.asarray(action)] if spec.discrete else np.asarray(action)
-        o.append(np.asarray(obs)[kept]), a.append(taken[kept]), o1.append(np.asarray(out.obs)[kept])
-        r.append(np.asarray(out.true_reward)[kept])
-        obs = out.obs
-    return dict(obs=np.concatenate(o), action=np.concatenate(a), next_obs=np.concatenate(o1), reward=np.concatenate(r))
+    k_reset, k_roll = jax.random.split(jax.random.PRNGKey(seed))
+    state, obs = env.reset(k_reset)
+    _, _, ro = collect_rollout(env, policy or random_policy(spec), params, state, obs, k_roll, steps)
+    kept = np.asarray(ro.valid) & ~np.asarray(ro.boundary)
+    if spec.on_terminate == "reset":  # a termination that resets: the next observation is the reset's
+        kept &= ~np.asarray(ro.terminated)
+    action = np.asarray(clip_action(spec, ro.action))
+    if spec.discrete:
+        action = np.eye(spec.num_actions)[action]
+    next_obs = np.asarray(jnp.concatenate([ro.obs[1:], ro.last_obs[None]], axis=0))
+    return dict(obs=np.asarray(ro.obs)[kept], action=action[kept], next_obs=next_obs[kept],
+                reward=np.asarray(ro.true_reward)[kept])
 
 
 FIELDS = {"o_t": "obs", "a_t": "action", "o_t+1": "next_obs"}  # an input set's parts: transitions' fields
@@ -101,6 +89,13 @@ def _features(xs, stats=None, quadratic: bool = False):
     return np.concatenate([z, np.ones((len(z), 1))], axis=1), stats
 
 
+def _r2(pred, target) -> float:
+    """R² of ``pred`` against ``target`` (negative where worse than ``target``'s mean; NaN where
+    ``target`` does not vary)."""
+    pred, target = np.asarray(pred, np.float64), np.asarray(target, np.float64)
+    return float(1.0 - np.mean((pred - target) ** 2) / target.var()) if target.var() > 0 else float("nan")
+
+
 def r_squared(reward: np.ndarray, *inputs: np.ndarray, quadratic: bool = False) -> float:
     """R² of the least-squares fit of ``reward`` on ``inputs`` and a constant (``quadratic``: see
     :func:`_features`); NaN where the reward does not vary."""
@@ -109,7 +104,7 @@ def r_squared(reward: np.ndarray, *inputs: np.ndarray, quadratic: bool = False) 
         return float("nan")
     x, _ = _features(inputs, quadratic=quadratic)
     w, *_ = np.linalg.lstsq(x, y, rcond=None)
-    return float(1.0 - np.mean((x @ w - y) ** 2) / y.var())
+    return _r2(x @ w, y)
 
 
 def _inputs(t: dict, name: str) -> tuple[np.ndarray, ...]:
@@ -137,8 +132,7 @@ def transfer(fitted: dict, scored: dict) -> dict:
             x, stats = _features(_inputs(fitted, name), quadratic=kind == "quadratic")
             w, *_ = np.linalg.lstsq(x, y, rcond=None)
             pred = _features(_inputs(scored, name), stats, quadratic=kind == "quadratic")[0] @ w
-            r2 = 1.0 - np.mean((pred - target) ** 2) / target.var() if target.var() > 0 else float("nan")
-            out[kind][name] = dict(mean=float(pred.mean()), r2=float(r2))
+            out[kind][name] = dict(mean=float(pred.mean()), r2=_r2(pred, target))
     return out
 
 
@@ -154,8 +148,7 @@ def mlp_transfer(fitted: dict, scored: dict, *, discrete: bool, num_actions: int
 
     from rlhp_jax.reward_models import RewardMLP
 
-    y = jnp.asarray(fitted["reward"], jnp.float32)
-    target = np.asarray(scored["reward"], np.float64)
+    y, target = jnp.asarray(fitted["reward"], jnp.float32), scored["reward"]
     out = {}
     for name in INPUT_SETS:
         parts = name.split(",")
@@ -189,20 +182,19 @@ def mlp_transfer(fitted: dict, scored: dict, *, discrete: bool, num_actions: int
         for seed in range(seeds):
             on_fit, pred = (np.asarray(v, np.float64) for v in train(jax.random.PRNGKey(seed)))
             rows["mean"].append(float(pred.mean()))
-            rows["r2"].append(float(1.0 - np.mean((pred - target) ** 2) / target.var()) if target.var() > 0
-                              else float("nan"))
-            rows["fit_r2"].append(float(1.0 - np.mean((on_fit - np.asarray(y)) ** 2) / max(float(y.var()), 1e-12)))
+            rows["r2"].append(_r2(pred, target))
+            rows["fit_r2"].append(_r2(on_fit, y))
         out[name] = rows
     return out
 
 
-def policy_actions(run: str, num_envs: int):
-    """(task, ``act(key, obs)``): the newest policy of the Christiano run ``run``, sampling."""
+def run_policy(run: str):
+    """(the run's task spec, its agent's ``policy_fn``, its params): the newest policy of the
+    Christiano run ``run``, sampling."""
     from experiments.reward_diagnostics import load
 
     pr, state = load(run)
-    params = state["agent"].params
-    return pr.cfg.env, lambda key, obs: pr.agent.policy(params, obs, key)[0]
+    return pr.spec, pr.agent.policy, state["agent"].params
 
 
 def _cells(values) -> str:
@@ -235,16 +227,13 @@ def main(argv=None) -> int:
         for task in args.tasks:
             resolve(task)  # every name checked before any task is stepped
         if args.policy is not None:
-            task, act = policy_actions(args.policy, args.envs)
-            print(f"stepping {task} ({args.steps} steps × {args.envs} environments) with random actions and with "
+            spec, policy, params = run_policy(args.policy)
+            print(f"stepping {spec.name} ({args.steps} steps × {args.envs} environments) with random actions and with "
                   f"{args.policy}'s policy", flush=True)
-            fitted = transitions(task, args.steps, args.envs, args.seed)
-            scored = transitions(task, args.steps, args.envs, args.seed + 1, act=act)
+            fitted = transitions(spec.name, args.steps, args.envs, args.seed)
+            scored = transitions(spec.name, args.steps, args.envs, args.seed + 1, policy=policy, params=params)
             moved = transfer(fitted, scored)
             if args.mlp:
-                from rlhp_jax.envs import make_env
-
-                spec = make_env(task, 1).spec
                 print(f"fitting A.1's reward MLP on each input set, {args.mlp} seed(s)", flush=True)
                 mlp = mlp_transfer(fitted, scored, discrete=spec.discrete, num_actions=spec.num_actions, seeds=args.mlp)
         for task in args.tasks:
