@@ -117,8 +117,9 @@ def require_r_hat(rm_run: PreferenceRun) -> None:
 def policy_steps(rm_run: PreferenceRun, policy_run: PreferenceRun, policy_state: dict, *, greedy: bool, steps: int,
                  seed: int = 0) -> dict:
     """The valid steps of ``steps`` steps per environment of ``policy_run``'s newest policy acting in
-    ``rm_run``'s task: observations, actions (as sampled, and clipped to the bounds as the task
-    receives them), the true reward and the true return per episode."""
+    ``rm_run``'s task: observations, r̂'s inputs besides the action (``features``: the observations,
+    or with ``--ensemble.next-obs`` each beside the next), actions (as sampled, and clipped to the
+    bounds as the task receives them), the true reward and the true return per episode."""
     check_same_task(policy_run, rm_run)
     agent, params, spec = policy_run.agent, policy_state["agent"].params, rm_run.spec
     policy = agent.policy
@@ -128,8 +129,10 @@ def policy_steps(rm_run: PreferenceRun, policy_run: PreferenceRun, policy_state:
     _, _, ro = collect_rollout(rm_run.env, policy, params, env_state, obs, jax.random.PRNGKey(seed + 1), steps)
     valid = np.asarray(ro.valid).reshape(-1)
     o = ro.obs.reshape(-1, *ro.obs.shape[2:])[valid]
+    f = rm_run.parts.reward_obs(ro)  # what r̂ sees: the observation, or the transition (--ensemble.next-obs)
+    f = f.reshape(-1, *f.shape[2:])[valid]
     sampled = ro.action.reshape(-1, *ro.action.shape[2:])[valid]
-    return dict(obs=o, action=clip_action(spec, sampled), true=np.asarray(ro.true_reward).reshape(-1)[valid],
+    return dict(obs=o, features=f, action=clip_action(spec, sampled), true=np.asarray(ro.true_reward).reshape(-1)[valid],
                 true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)))
 
 
@@ -143,7 +146,7 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     """One row: the policy of ``policy_run`` acting in ``rm_run``'s task, scored by its r̂."""
     require_r_hat(rm_run)
     st = policy_steps(rm_run, policy_run, policy_state, greedy=greedy, steps=steps, seed=seed)
-    m = member_rewards(rm_run, rm_state, st["obs"], st["action"])
+    m = member_rewards(rm_run, rm_state, st["features"], st["action"])
     r, true = m.mean(axis=0), st["true"]
     row = dict(true_return=st["true_return"], r_hat=float(r.mean()),
                corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
@@ -151,7 +154,7 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
                spread=float(m.std(axis=0).mean()) if m.shape[0] > 1 else float("nan"))
     if not rm_run.spec.discrete and not greedy:  # r̂ again on the policy's mean actions
         mean_action = clip_action(rm_run.spec, policy_run.agent.act_deterministic(policy_state["agent"].params, st["obs"]))
-        r_mean = member_rewards(rm_run, rm_state, st["obs"], mean_action).mean(axis=0)
+        r_mean = member_rewards(rm_run, rm_state, st["features"], mean_action).mean(axis=0)
         row["action_share"] = float(np.var(r - r_mean) / max(np.var(r), 1e-12))
     return row
 
@@ -162,7 +165,8 @@ def attribute(rm_run: PreferenceRun, rm_state: dict, run_a: PreferenceRun, state
     ``rm_run``'s task; then r̂ is taken again on A's steps with one input at a time (an observation
     feature, or the action) replaced by B's values of it, drawn at random from B's steps.  Each
     change of r̂'s mean is what that input's distribution under B is worth on A's states: a large
-    one on an input the true reward does not depend on is r̂ extrapolating between the policies."""
+    one on an input the true reward does not depend on is r̂ extrapolating between the policies.
+    With ``--ensemble.next-obs`` the features are the observation's and then the next one's."""
     require_r_hat(rm_run)
     if len(rm_run.spec.obs_shape) != 1:
         raise ValueError("--attribute reads vector observations, one feature at a time; "
@@ -171,8 +175,8 @@ def attribute(rm_run: PreferenceRun, rm_state: dict, run_a: PreferenceRun, state
     b = policy_steps(rm_run, run_b, state_b, greedy=False, steps=steps, seed=seed)
     n = min(len(a["true"]), len(b["true"]))
     pick = np.random.default_rng(seed).permutation(len(b["true"]))[:n]
-    obs_a, act_a = np.asarray(a["obs"][:n]), np.asarray(a["action"][:n])
-    obs_b, act_b = np.asarray(b["obs"])[pick], np.asarray(b["action"])[pick]
+    obs_a, act_a = np.asarray(a["features"][:n]), np.asarray(a["action"][:n])
+    obs_b, act_b = np.asarray(b["features"])[pick], np.asarray(b["action"])[pick]
     r_hat = lambda o, act: float(member_rewards(rm_run, rm_state, jnp.asarray(o), jnp.asarray(act)).mean())
     base = r_hat(obs_a, act_a)
     features = []
@@ -286,10 +290,14 @@ def feature_probe(r_hat, start, scale, stds=PROBE_STDS) -> np.ndarray:
 
 def probe_run(rm_run: PreferenceRun, rm_state: dict, obs_std, seed: int = 0) -> np.ndarray:
     """``feature_probe`` of a run's newest r̂ (as the agent gets it) from ``PROBE_STARTS`` of its task's
-    start states, r̂ averaged over every action (discrete) or over uniform ones (continuous)."""
+    start states, r̂ averaged over every action (discrete) or over uniform ones (continuous).  An r̂ of
+    the transition (``--ensemble.next-obs``) is probed from the start states held still, [o, o]: its
+    features are the observation's and then the next one's."""
     env, spec, ens = rm_run.env, rm_run.spec, rm_state["ensemble"]
     keys = jax.random.split(jax.random.PRNGKey(seed), -(-PROBE_STARTS // env.num_envs))
     start = np.concatenate([np.asarray(env.reset(k)[1]) for k in keys])[:PROBE_STARTS]
+    if rm_run.ensemble.config.next_obs:
+        start = np.concatenate([start, start], axis=-1)
 
     def r_hat(obs):
         obs = jnp.asarray(obs)

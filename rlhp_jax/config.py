@@ -118,6 +118,9 @@ class RunConfig:
             raise ValueError(f"label_source must be 'synthetic' or 'human', got {self.label_source!r}")
         if self.max_pending_queries < 1:
             raise ValueError(f"max_pending_queries must be >= 1, got {self.max_pending_queries}")
+        if self.label_source == "human" and self.ensemble.next_obs:
+            raise ValueError("--ensemble.next-obs is for the synthetic oracle: people's clips are drawn from the "
+                             "observations, and the transition's are twice as wide")
         check_ranges(self, counts=("eval_every", "eval_episodes", "correlation_segments", "label_capacity", "label_horizon",
                                    "rate_step", "query_max_age_steps", "keep_checkpoints"),
                      nonnegative=("initial_label_count", "pretrain_steps", "pretrain_epochs", "fit_steps",

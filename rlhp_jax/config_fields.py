@@ -197,17 +197,28 @@ def config_object(directory) -> dict | None:
 MAX_CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; nothing larger is read as one
 
 
+# Fields added after runs had been written, each with the value that does what every run before it
+# did: a config.json without one of these is read with that value, so older runs resume and count in
+# the grids.  Any other missing field is still refused.
+ADDED_FIELDS: dict[tuple[str, str], Any] = {
+    ("EnsembleConfig", "next_obs"): False,  # r̂ of (o_t, a_t), as before the option
+}
+
+
 def dataclass_from_json(cls, values: Any, where: str = ""):
     """``cls`` rebuilt from its ``dataclasses.asdict`` JSON form (what ``config.json`` holds).
 
     Every field must be present (a file from another version is refused rather than completed
-    with today's defaults); keys that are no field are ignored.  Nested dataclass fields are
+    with today's defaults), except those of ``ADDED_FIELDS``, whose value there reproduces the runs
+    written before them; keys that are no field are ignored.  Nested dataclass fields are
     rebuilt from their JSON objects in turn; a field the caller has already built is kept.
     Raises ``ValueError`` naming the field (``where``: the path of ``values``, for the message)."""
     label = where or cls.__name__
     if not isinstance(values, dict):
         raise ValueError(f"{label} must be a JSON object, got {describe(values)}")
     types_ = field_types(cls)
+    values = {**{name: old for (owner, name), old in ADDED_FIELDS.items()
+                 if owner == cls.__name__ and name in types_ and name not in values}, **values}
     missing = [name for name in types_ if name not in values]
     if missing:
         raise ValueError(f"{label} lacks {', '.join(missing)}")

@@ -75,6 +75,10 @@ class EnsembleConfig:
     # image; the inputs standardized over the labeled clips and their mirror images (BUILD_NOTES, the README's
     # CartPole job)
     mirror: bool = False
+    # ours: r̂ of the transition, r̂(o_t, a_t, o_t+1): the MLP sees each step's observation and the next
+    # (``rollout.transition_obs``; the clips store both); MuJoCo's locomotion reward is the velocity over the
+    # step (BUILD_NOTES, "Swimmer's step reward is a function of the transition")
+    next_obs: bool = False
 
     def __post_init__(self):
         if self.num_members < 1:

@@ -118,6 +118,9 @@ class IbarzRun:
         if cfg.setup == "imitation":  # no reward: the supervised margin loss alone
             agent_cfg = dataclasses.replace(agent_cfg, td_weight=0.0)
         self.agent = DQfD(spec, agent_cfg)
+        if cfg.reward_model.next_obs:
+            raise ValueError("an r̂ of the transition (next_obs) is an option of the A.1 runs (experiments.mujoco, "
+                             "experiments.classic); Ibarz's protocol keeps the paper's r̂ of the frames")
         model_spec = dataclasses.replace(reward_model_spec_for(spec), dropout_rate=cfg.reward_dropout)
         self.rm = RewardEnsemble(model_spec, cfg.reward_model)
         self.demos: Demos | None = None

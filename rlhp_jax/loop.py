@@ -86,7 +86,7 @@ from rlhp_jax.envs import make_env
 from rlhp_jax.metrics import segment_return_correlation
 from rlhp_jax.preferences import preference_probability
 from rlhp_jax.reward_models import reward_model_spec_for
-from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.rollout import collect_rollout, transition_obs
 from rlhp_jax.core import Rollout, clip_action, episode_ends, loop_body_is_slow
 from rlhp_jax.schedules import initial_rollout_steps, label_schedule
 
@@ -245,7 +245,7 @@ class RunParts:
         self.agent = agents_lib.make_agent(config.agent, self.spec, agent_cfg, self.num_iters * self.updates_per_iter)
         std = config.ensemble.reward_std if config.ensemble.reward_std is not None else self.spec.reward_std
         ens_cfg = dataclasses.replace(config.ensemble, reward_std=std)
-        self.ensemble = RewardEnsemble(reward_model_spec_for(self.spec), ens_cfg)
+        self.ensemble = RewardEnsemble(reward_model_spec_for(self.spec, next_obs=ens_cfg.next_obs), ens_cfg)
         self.learn = config.reward_source == "model"
         self.schedule = None
         if self.learn:
@@ -409,9 +409,16 @@ class RunParts:
             return jnp.where(rollout.valid, jnp.clip(rollout.raw_reward, -1.0, 1.0), 0.0)
         return (rollout.true_reward - reward_scale[0]) / reward_scale[1]
 
+    def reward_obs(self, rollout: Rollout):
+        """[T, N, ...] what r̂ sees of each step besides the action: the observation, or with
+        ``ensemble.next_obs`` the observation and the next (``rollout.transition_obs``).  The
+        clips of the label set store the same."""
+        return transition_obs(self.spec, rollout) if self.ensemble.config.next_obs else rollout.obs
+
     def member_rewards(self, ens_state, rollout: Rollout):
         """[M, T, N] raw rewards of every member on a rollout (see the module docstring)."""
-        obs = rollout.obs.reshape(-1, *rollout.obs.shape[2:])
+        features = self.reward_obs(rollout)
+        obs = features.reshape(-1, *features.shape[2:])
         act = clip_action(self.spec, rollout.action)
         act = act.reshape(-1, *act.shape[2:])
         r = self.ensemble.member_rewards(ens_state, obs, act)
@@ -504,7 +511,7 @@ class RunParts:
         pool = t0.shape[0] // 2
         t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
         take = lambda x: queries.gather_segments(x, t0, env_idx, seg_len).reshape(q, 2, seg_len, *x.shape[2:])
-        pairs = labels_lib.SegmentPairs(obs=take(rollout.obs), action=take(clip_action(self.spec, rollout.action)),
+        pairs = labels_lib.SegmentPairs(obs=take(self.reward_obs(rollout)), action=take(clip_action(self.spec, rollout.action)),
                                         true_reward=take(rollout.true_reward))
         return pairs, take(rollout.render)  # render: what a clip of the pair needs (MuJoCo root position)
 

@@ -136,24 +136,43 @@ class RewardModelSpec:
         return obs, act
 
 
-def reward_model_spec_for(env_spec, kind: str | None = None) -> RewardModelSpec:
+def reward_model_spec_for(env_spec, kind: str | None = None, next_obs: bool = False) -> RewardModelSpec:
     """The paper's predictor for an environment: the A.2 CNN for image observations large enough
     for its four VALID convolutions (at least 43×43: Atari's 84×84), the A.1 MLP otherwise
-    (vectors, and small grids such as MinAtar's 10×10)."""
+    (vectors, and small grids such as MinAtar's 10×10).  ``next_obs`` (``EnsembleConfig.next_obs``,
+    ours): the MLP sees each step's observation and the next side by side
+    (``rollout.transition_obs``), 2·D features of a D-feature vector task, and the task's
+    reflection acts on both halves."""
     if kind is None:
         shape = tuple(env_spec.obs_shape)
         kind = "cnn" if len(shape) == 3 and min(shape[:2]) >= 43 else "mlp"
     task = find(env_spec.name)
+    vector = len(env_spec.obs_shape) == 1
+    mirror = task.mirror if task is not None and vector else None
+    obs_shape = tuple(env_spec.obs_shape)
+    if next_obs:
+        if kind != "mlp" or not vector:
+            raise ValueError(f"--ensemble.next-obs needs vector observations and the MLP reward model; "
+                             f"{env_spec.name}'s observations are {obs_shape} ({kind} reward model)")
+        obs_shape = (2 * obs_shape[0],)
+        mirror = None if mirror is None else transition_mirror(mirror)
     return RewardModelSpec(
-        mirror=task.mirror if task is not None and len(env_spec.obs_shape) == 1 else None,
+        mirror=mirror,
         task=env_spec.name,
         kind=kind,
-        obs_shape=tuple(env_spec.obs_shape),
+        obs_shape=obs_shape,
         action_shape=tuple(env_spec.action_shape),
         action_dtype="int32" if env_spec.discrete else "float32",
         num_actions=env_spec.num_actions,
         discrete=env_spec.discrete,
     )
+
+
+def transition_mirror(mirror: Mirror) -> Mirror:
+    """A task's reflection acting on ``[o_t, o_{t+1}]``: the same reflection on each half."""
+    d = len(mirror.obs_sign)
+    index = None if mirror.obs_index is None else tuple(mirror.obs_index) + tuple(i + d for i in mirror.obs_index)
+    return dataclasses.replace(mirror, obs_sign=tuple(mirror.obs_sign) * 2, obs_index=index)
 
 
 def mirrored_tasks() -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlhp_jax.core import EnvSpec, PolicyFn, Rollout, VecEnv, clip_action
+from rlhp_jax.core import EnvSpec, PolicyFn, Rollout, VecEnv, clip_action, episode_ends
 
 def uniform_random_policy(spec: EnvSpec) -> PolicyFn:
     """A policy that ignores its parameters: uniform discrete actions, or uniform in [-1, 1] per
@@ -61,3 +61,17 @@ def collect_rollout(
     (env_state, last_obs), traj = jax.lax.scan(step, (env_state, obs), jax.random.split(k_steps, num_steps))
     _, _, last_value = policy_fn(params, last_obs, k_last)
     return env_state, last_obs, Rollout(*traj, last_obs=last_obs, last_value=last_value)
+
+
+def transition_obs(spec: EnvSpec, rollout: Rollout) -> jax.Array:
+    """[T, N, 2·D] each step's observation and the next side by side, ``[o_t, o_{t+1}]``: the input
+    of an r̂ of the transition (``EnsembleConfig.next_obs``, ours; the papers' r̂ sees (o_t, a_t)).
+    ``o_{t+1}`` is the next step's observation, ``last_obs`` after the rollout's last step.  Where
+    an episode ends (``core.episode_ends``) the next observation may already be the fresh
+    episode's (a gymnax task resets within the step), so those steps get ``o_t`` again: one step
+    of MuJoCo's 1000 sees no motion rather than a jump to the start."""
+    obs = rollout.obs
+    nxt = jnp.concatenate([obs[1:], rollout.last_obs[None]], axis=0)
+    ends = episode_ends(spec, rollout.boundary, rollout.terminated)
+    nxt = jnp.where(ends.reshape(ends.shape + (1,) * (obs.ndim - 2)), obs, nxt)
+    return jnp.concatenate([obs, nxt], axis=-1)
