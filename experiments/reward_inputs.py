@@ -49,7 +49,7 @@ def transitions(task: str, steps: int, num_envs: int, seed: int, policy=None, pa
     import jax
     import jax.numpy as jnp
 
-    from rlhp_jax.agents.common import random_policy
+    from rlhp_jax.rollout import uniform_random_policy
     from rlhp_jax.core import clip_action
     from rlhp_jax.envs import make_env
     from rlhp_jax.rollout import collect_rollout
@@ -60,7 +60,7 @@ def transitions(task: str, steps: int, num_envs: int, seed: int, policy=None, pa
         raise ValueError(f"{task} has observations of shape {spec.obs_shape}: this probe fits vector observations only")
     k_reset, k_roll = jax.random.split(jax.random.PRNGKey(seed))
     state, obs = env.reset(k_reset)
-    _, _, ro = collect_rollout(env, policy or random_policy(spec), params, state, obs, k_roll, steps)
+    _, _, ro = collect_rollout(env, policy or uniform_random_policy(spec), params, state, obs, k_roll, steps)
     kept = np.asarray(ro.valid) & ~np.asarray(ro.boundary)
     if spec.on_terminate == "reset":  # a termination that resets: the next observation is the reset's
         kept &= ~np.asarray(ro.terminated)

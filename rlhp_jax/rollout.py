@@ -18,15 +18,17 @@ import jax.numpy as jnp
 from rlhp_jax.core import EnvSpec, PolicyFn, Rollout, VecEnv, clip_action, episode_ends
 
 def uniform_random_policy(spec: EnvSpec) -> PolicyFn:
-    """A policy that ignores its parameters: uniform discrete actions, or uniform in [-1, 1] per
-    action dimension (clips and saved queues of an untrained agent's kind of behaviour)."""
+    """A policy that ignores its parameters: uniformly random actions over the task's action space
+    (discrete, or uniform within the continuous bounds): the untrained-agent clips and queues, the
+    baseline's random-policy reward statistics, the probes of ``experiments.reward_inputs``."""
 
     def policy(params, obs, key):
         n = obs.shape[0]
         if spec.discrete:
-            a = jax.random.randint(key, (n,), 0, spec.num_actions)
+            a = jax.random.randint(key, (n,), 0, spec.num_actions, jnp.int32)
         else:
-            a = jax.random.uniform(key, (n, spec.num_actions), minval=-1.0, maxval=1.0)
+            low, high = jnp.asarray(spec.action_low, jnp.float32), jnp.asarray(spec.action_high, jnp.float32)
+            a = jax.random.uniform(key, (n, spec.num_actions), minval=low, maxval=high)
         return a, jnp.zeros(n), jnp.zeros(n)
 
     return policy

@@ -17,25 +17,13 @@ from rlhp_jax import tasks
 from rlhp_jax.envpool_envs import EnvpoolVecEnv, healthy
 from rlhp_jax.envs import make_env
 from rlhp_jax.loop import per_episode
-from rlhp_jax.rollout import collect_rollout
-
-
-def random_policy(spec):
-    def policy(params, obs, key):
-        n = obs.shape[0]
-        if spec.discrete:
-            a = jax.random.randint(key, (n,), 0, spec.num_actions, jnp.int32)
-        else:
-            a = jax.random.uniform(key, (n, spec.num_actions), jnp.float32, -1.0, 1.0)
-        return a, jnp.zeros(n), jnp.zeros(n)
-
-    return policy
+from rlhp_jax.rollout import collect_rollout, uniform_random_policy
 
 
 def rollout(name, num_envs, steps, seed=0, **kw):
     env = make_env(name, num_envs, seed=seed, **kw)
     state, obs = env.reset(jax.random.key(0))
-    _, _, ro = collect_rollout(env, random_policy(env.spec), None, state, obs, jax.random.key(seed), steps)
+    _, _, ro = collect_rollout(env, uniform_random_policy(env.spec), None, state, obs, jax.random.key(seed), steps)
     return env, jax.tree.map(np.asarray, ro)
 
 

@@ -40,7 +40,7 @@ from flax import struct
 from rlhp_jax.config_fields import check_ranges, conform_fields, field_types
 from rlhp_jax.compile_cache import jit as program
 from rlhp_jax.core import EnvSpec, VecEnv
-from rlhp_jax.rollout import collect_rollout
+from rlhp_jax.rollout import collect_rollout, uniform_random_policy
 from rlhp_jax.core import Rollout, clip_action
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -341,25 +341,10 @@ def evaluate(env: VecEnv, agent: Agent, params, key: jax.Array, num_episodes: in
     return jnp.mean(jax.vmap(episode)(jax.random.split(key, num_episodes)))
 
 
-def random_policy(spec: EnvSpec):
-    """A ``policy_fn`` (params ignored) of uniformly random actions in ``spec``'s action space."""
-
-    def policy(_, obs, k):
-        n = obs.shape[0]
-        if spec.discrete:
-            action = jax.random.randint(k, (n,), 0, spec.num_actions, jnp.int32)
-        else:
-            low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
-            action = jax.random.uniform(k, (n, spec.num_actions), minval=low, maxval=high)
-        return action, jnp.zeros(n), jnp.zeros(n)
-
-    return policy
-
-
 def random_reward_stats(env: VecEnv, key: jax.Array, num_steps: int = 1000) -> jax.Array:
     """[2] float32: mean and std of the true reward under uniformly random actions (policy-free
     constants that scale the true reward for the RL baseline); jittable for pure-JAX envs."""
     k_reset, k_roll = jax.random.split(key)
     state, obs = env.reset(k_reset)
-    _, _, ro = collect_rollout(env, random_policy(env.spec), None, state, obs, k_roll, num_steps)
+    _, _, ro = collect_rollout(env, uniform_random_policy(env.spec), None, state, obs, k_roll, num_steps)
     return jnp.stack([jnp.mean(ro.true_reward), jnp.maximum(jnp.std(ro.true_reward), 1e-6)]).astype(jnp.float32)
