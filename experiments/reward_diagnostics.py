@@ -132,7 +132,8 @@ def policy_steps(rm_run: PreferenceRun, policy_run: PreferenceRun, policy_state:
     f = rm_run.parts.reward_obs(ro)  # what r̂ sees: the observation, or the transition (--ensemble.next-obs)
     f = f.reshape(-1, *f.shape[2:])[valid]
     sampled = ro.action.reshape(-1, *ro.action.shape[2:])[valid]
-    return dict(obs=o, features=f, action=clip_action(spec, sampled), true=np.asarray(ro.true_reward).reshape(-1)[valid],
+    return dict(obs=o, features=f, action=clip_action(spec, sampled),
+                true=np.asarray(ro.true_reward).reshape(-1)[valid],
                 true_return=float(per_episode(ro.true_reward, ro.valid, spec.horizon)))
 
 

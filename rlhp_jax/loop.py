@@ -511,7 +511,8 @@ class RunParts:
         pool = t0.shape[0] // 2
         t0, env_idx = t0.reshape(pool, 2)[idx].reshape(-1), env_idx.reshape(pool, 2)[idx].reshape(-1)
         take = lambda x: queries.gather_segments(x, t0, env_idx, seg_len).reshape(q, 2, seg_len, *x.shape[2:])
-        pairs = labels_lib.SegmentPairs(obs=take(self.reward_obs(rollout)), action=take(clip_action(self.spec, rollout.action)),
+        pairs = labels_lib.SegmentPairs(obs=take(self.reward_obs(rollout)),
+                                        action=take(clip_action(self.spec, rollout.action)),
                                         true_reward=take(rollout.true_reward))
         return pairs, take(rollout.render)  # render: what a clip of the pair needs (MuJoCo root position)
 
