@@ -30,6 +30,11 @@ ABLATIONS = {
     "no_regularization": "no adaptive L2 (dropout stays where the model has it)",
     "no_segments": "segments of length 1 (robotics tasks only)",
     "target": "r̂ regressed on the true segment return with squared error instead of preferences",
+    # ours, a diagnosis rather than an ablation of the paper's: the learned arm whole, its agent on a reward exactly
+    # affine in the true one (BUILD_NOTES, Swimmer)
+    "true_at_rhat_scale": "labels, fits and r̂ as usual, but the agent trains on the true reward mapped each "
+                          "iteration onto r̂'s scale and offset (least squares over the rollout): r̂'s per-step "
+                          "error removed, everything else of the learned arm kept",
 }
 BASELINE_REWARDS = ("normalized", "raw", "clipped_game")  # RunConfig.baseline_reward (loop.RunParts.baseline_rewards)
 

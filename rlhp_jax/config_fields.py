@@ -202,6 +202,7 @@ MAX_CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; nothing larger is
 # the grids.  Any other missing field is still refused.
 ADDED_FIELDS: dict[tuple[str, str], Any] = {
     ("EnsembleConfig", "next_obs"): False,  # r̂ of (o_t, a_t), as before the option
+    ("EnsembleConfig", "use_action"): True,  # A.1's MLP reads the action, as before the option
 }
 
 

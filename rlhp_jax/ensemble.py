@@ -79,6 +79,9 @@ class EnsembleConfig:
     # (``rollout.transition_obs``; the clips store both); MuJoCo's locomotion reward is the velocity over the
     # step (BUILD_NOTES, "Swimmer's step reward is a function of the transition")
     next_obs: bool = False
+    # A.1's MLP reads the action beside the observation; False: r̂ of the observation alone (Ibarz A.3's
+    # choice for its CNN; BUILD_NOTES, Swimmer)
+    use_action: bool = True
 
     def __post_init__(self):
         if self.num_members < 1:
@@ -208,7 +211,7 @@ class RewardEnsemble:
     def __init__(self, model_spec: RewardModelSpec, config: EnsembleConfig = EnsembleConfig()):
         self.spec = model_spec
         self.config = config
-        self.model: nn.Module = model_spec.build(mirrored=config.mirror)
+        self.model: nn.Module = model_spec.build(mirrored=config.mirror, use_action=config.use_action)
         self.mirror = model_spec.mirror if config.mirror else None
         self.mode = resolve_member_axis(config.member_axis, model_kind=model_spec.kind)
         self.optimizer = optax.adam(config.learning_rate, b1=0.9, b2=0.999, eps=1e-8)

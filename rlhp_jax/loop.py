@@ -247,6 +247,7 @@ class RunParts:
         ens_cfg = dataclasses.replace(config.ensemble, reward_std=std)
         self.ensemble = RewardEnsemble(reward_model_spec_for(self.spec, next_obs=ens_cfg.next_obs), ens_cfg)
         self.learn = config.reward_source == "model"
+        self.true_at_rhat_scale = self.learn and config.ablation == "true_at_rhat_scale"
         self.schedule = None
         if self.learn:
             self.schedule = label_schedule(
@@ -428,6 +429,19 @@ class RunParts:
         """r̂ [T, N] the agent trains on: the members' raw rewards each normalized, then averaged."""
         return jnp.mean(self.ensemble.normalize(ens_state, member_r), axis=0)
 
+    @staticmethod
+    def affine_true(rewards, rollout: Rollout):
+        """[T, N] the true reward mapped onto ``rewards``' scale and offset: the least-squares line of
+        ``rewards`` on the true reward over the rollout's valid steps, evaluated at the true reward
+        (the ``true_at_rhat_scale`` diagnosis)."""
+        w = rollout.valid.astype(jnp.float32)
+        n = jnp.maximum(jnp.sum(w), 1.0)
+        mean = lambda x: jnp.sum(w * x) / n
+        true = rollout.true_reward
+        m_true, m_r = mean(true), mean(rewards)
+        slope = mean((true - m_true) * (rewards - m_r)) / jnp.maximum(mean(jnp.square(true - m_true)), 1e-12)
+        return m_r + slope * (true - m_true)
+
     def one_update(self, carry, key):
         """Collect one rollout on r̂ (or the baseline's true reward) and update the agent once."""
         return self.learn_once(*self.act_once(carry, key))
@@ -451,6 +465,8 @@ class RunParts:
         if self.learn:
             member_r = self.member_rewards(ens_state, rollout)
             rewards = self.agent_rewards(ens_state, member_r)
+            if self.true_at_rhat_scale:
+                rewards = self.affine_true(rewards, rollout)
         else:
             member_r = jnp.zeros((0, *rollout.true_reward.shape), jnp.float32)
             rewards = self.baseline_rewards(rollout, reward_scale)

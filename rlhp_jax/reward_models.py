@@ -116,15 +116,16 @@ class RewardModelSpec:
     mirror: Mirror | None = None  # the task's reflection, if it has one (``tasks.Task.mirror``)
     task: str = ""  # the task's name, for messages
 
-    def build(self, mirrored: bool = False) -> nn.Module:
-        """The predictor; ``mirrored``: invariant to the task's reflection (``EnsembleConfig.mirror``)."""
+    def build(self, mirrored: bool = False, use_action: bool = True) -> nn.Module:
+        """The predictor; ``mirrored``: invariant to the task's reflection (``EnsembleConfig.mirror``);
+        ``use_action`` False: the MLP reads the observation alone (the CNN never reads the action)."""
         if mirrored and (self.kind != "mlp" or self.mirror is None):
             raise ValueError(f"--ensemble.mirror needs a task with a declared reflection and the MLP reward model; "
                              f"{self.task or 'this task'} has none (tasks with one: "
                              f"{', '.join(mirrored_tasks())})")
         if self.kind == "mlp":
             return RewardMLP(num_actions=self.num_actions, discrete=self.discrete,
-                             mirror=self.mirror if mirrored else None)
+                             mirror=self.mirror if mirrored else None, use_action=use_action)
         if self.kind == "cnn":
             return RewardCNN(dropout_rate=self.dropout_rate)
         raise ValueError(f"Unknown reward model kind {self.kind!r}; use 'mlp' or 'cnn'.")

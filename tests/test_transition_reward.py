@@ -1,4 +1,6 @@
-"""r̂ of the transition (``--ensemble.next-obs``, ours): each step's observation beside the next.
+"""What r̂ reads and what the agent is paid, beyond the paper's r̂(o_t, a_t) (ours; BUILD_NOTES, Swimmer).
+
+r̂ of the transition (``--ensemble.next-obs``): each step's observation beside the next.
 
 * ``rollout.transition_obs`` pairs o_t with o_{t+1} (``last_obs`` after the last step) and with
   o_t itself where an episode ends, on any shapes (property test);
@@ -6,6 +8,9 @@
   image observations refuse the option;
 * a run with the option stores the transition in its clips and scores its rollouts on it: the
   second half of each clip step is the first half of the next one.
+
+And two diagnosis options: r̂ of the observation alone (``--ensemble.no-use-action``), and the
+``true_at_rhat_scale`` arm, whose agent is paid the true reward on r̂'s least-squares line.
 """
 
 from __future__ import annotations
@@ -136,3 +141,63 @@ def test_a_run_written_before_the_option_still_reads(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="lacks mirror"):
         read_run_config(tmp_path)
+
+
+def test_without_the_action_r_hat_reads_the_observation_alone():
+    from rlhp_jax.ensemble import EnsembleConfig, RewardEnsemble
+    from rlhp_jax.envs import make_env
+
+    spec = reward_model_spec_for(make_env("Pendulum-v1", 1).spec)
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
+    a1, a2 = jnp.full((6, 1), -1.5), jnp.full((6, 1), 1.5)
+    for use_action in (True, False):
+        ens = RewardEnsemble(spec, EnsembleConfig(num_members=2, use_action=use_action))
+        state = ens.init(jax.random.key(0))
+        r1, r2 = (np.asarray(ens.member_rewards(state, obs, a)) for a in (a1, a2))
+        assert np.array_equal(r1, r2) == (not use_action)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), slope=st.floats(-3, 3), offset=st.floats(-2, 2))
+def test_the_true_reward_on_r_hats_line(seed, slope, offset):
+    """``affine_true`` returns r̂ itself where r̂ is affine in the true reward, and otherwise the true
+    reward on r̂'s least-squares line: same mean as r̂ over the valid steps, correlation ±1 with the
+    true reward."""
+    from rlhp_jax.loop import RunParts
+
+    rng = np.random.default_rng(seed)
+    true = rng.normal(size=(8, 3)).astype(np.float32)
+    valid = rng.random((8, 3)) < 0.8
+    valid[0, 0] = valid[1, 1] = True
+    ro = rollout_of(np.zeros((8, 3, 1), np.float32), np.zeros((3, 1), np.float32), np.zeros((8, 3), bool),
+                    np.zeros((8, 3), bool))._replace(true_reward=true, valid=valid)
+    exact = slope * true + offset
+    np.testing.assert_allclose(np.asarray(RunParts.affine_true(jnp.asarray(exact), ro))[valid], exact[valid],
+                               rtol=1e-4, atol=1e-4)
+    noisy = exact + rng.normal(size=exact.shape).astype(np.float32)
+    out = np.asarray(RunParts.affine_true(jnp.asarray(noisy), ro))
+    np.testing.assert_allclose(out[valid].mean(), noisy[valid].mean(), rtol=1e-4, atol=1e-4)
+    fit = np.polyfit(true[valid], noisy[valid], 1)
+    np.testing.assert_allclose(out, np.polyval(fit, true), rtol=1e-3, atol=1e-3)
+
+
+def test_the_diagnosis_arm_pays_its_agent_the_true_reward_on_r_hats_line():
+    """``--ablation true_at_rhat_scale``: the learned arm's iteration, its agent's reward exactly
+    affine in the rollout's true reward; the ensemble, labels and everything else as the learned arm."""
+    import lanes_check
+    from rlhp_jax.config import with_ablation
+    from rlhp_jax.loop import RunParts
+
+    cfg = with_ablation(lanes_check.test_config(), "true_at_rhat_scale")
+    parts = RunParts(cfg)
+    assert parts.learn and parts.true_at_rhat_scale
+    state = parts.fresh(jax.random.key(0))
+    out = jax.jit(parts.iteration)(state.agent, state.env_state, state.obs, state.ensemble, state.reward_scale,
+                                   jax.random.key(1))
+    rollout, rewards, member_r = out[3], np.asarray(out[4]), out[5]
+    valid = np.asarray(rollout.valid)
+    true = np.asarray(rollout.true_reward)
+    assert true[valid].std() > 0 and member_r.shape[0] == 2
+    assert abs(np.corrcoef(rewards[valid], true[valid])[0, 1]) > 0.9999
+    r_hat = np.asarray(parts.agent_rewards(state.ensemble, member_r))
+    assert not np.allclose(rewards, r_hat)
