@@ -79,7 +79,7 @@ from rlhp_jax.compile_cache import jit as program
 from rlhp_jax import labels as labels_lib
 from rlhp_jax.labels import bucket
 from rlhp_jax import queries
-from rlhp_jax.agents.common import random_reward_stats
+from rlhp_jax.agents.common import random_reward_stats, weighted_mean
 from rlhp_jax.ensemble import RewardEnsemble
 from rlhp_jax import tasks
 from rlhp_jax.envs import make_env
@@ -434,9 +434,7 @@ class RunParts:
         """[T, N] the true reward mapped onto ``rewards``' scale and offset: the least-squares line of
         ``rewards`` on the true reward over the rollout's valid steps, evaluated at the true reward
         (the ``true_at_rhat_scale`` diagnosis)."""
-        w = rollout.valid.astype(jnp.float32)
-        n = jnp.maximum(jnp.sum(w), 1.0)
-        mean = lambda x: jnp.sum(w * x) / n
+        mean = weighted_mean(rollout.valid)
         true = rollout.true_reward
         m_true, m_r = mean(true), mean(rewards)
         slope = mean((true - m_true) * (rewards - m_r)) / jnp.maximum(mean(jnp.square(true - m_true)), 1e-12)
