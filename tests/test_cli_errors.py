@@ -38,6 +38,7 @@ from rlhp_jax import demos as D
 from rlhp_jax import demos_cli
 from rlhp_jax.agents.ppo import PPOConfig
 from rlhp_jax.config import IbarzConfig, RunConfig, config_to_json
+from rlhp_jax.config_fields import ADDED_FIELDS
 from rlhp_jax.refusal import refuse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -378,6 +379,21 @@ def field_types(cls, nested: dict, prefix=()) -> list[tuple[tuple, object]]:
     return out
 
 
+def required_paths(cls, nested: dict, prefix=()) -> list[tuple]:
+    """The paths of ``field_types`` whose absence makes a config.json unusable: every field but those
+    added later with the value older runs had (``config_fields.ADDED_FIELDS``: a file without one is
+    an older run's, and reads; ``tests/test_transition_reward.py`` checks that)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = nested.get(f.name, hints[f.name])
+        if (cls.__name__, f.name) not in ADDED_FIELDS:
+            out.append(prefix + (f.name,))
+        if dataclasses.is_dataclass(hint):
+            out += required_paths(hint, {}, prefix + (f.name,))
+    return out
+
+
 def accepts(hint, value) -> bool:
     """Whether JSON ``value`` has the kind a field of type ``hint`` holds (values, not ranges)."""
     if dataclasses.is_dataclass(hint):
@@ -407,7 +423,7 @@ def config_corruption(draw, protocol: str):
     fields = field_types(cls, nested)
     kind = draw(st.sampled_from(["drop", "wrong_type", "unknown_name", "cut", "not_utf8", "not_object"]))
     if kind == "drop":
-        return kind, draw(st.sampled_from([p for p, _ in fields]))
+        return kind, draw(st.sampled_from(required_paths(cls, nested)))
     if kind == "wrong_type":
         path, hint = draw(st.sampled_from(fields))
         return kind, (path, draw(st.sampled_from([v for v in WRONG if not accepts(hint, v)])))
