@@ -56,6 +56,16 @@ def meets_target(learned_mean: float, rl_mean: float) -> bool:
     return learned_mean >= rl_mean - (1 - TARGET_FRACTION) * abs(rl_mean)
 
 
+def seeds_at_target(learned: list[float], rl: list[float]) -> str:
+    """``k of n``: how many of the learned arm's seeds reach the target (:func:`meets_target`) on
+    their own against RL's mean over its seeds.  A mean can pass on one seed far above RL while
+    most seeds fall short (Swimmer's fast gait); this count shows which it is; – without both arms."""
+    if not learned or not rl:
+        return "–"
+    rl_mean = float(np.mean(rl))
+    return f"{sum(meets_target(x, rl_mean) for x in learned)} of {len(learned)}"
+
+
 def cell(finals: list[float]) -> str:
     """``mean ± std (n seeds)``, both to the precision the mean's size calls for; – without seeds."""
     if not finals:
@@ -163,6 +173,11 @@ class Figure:
         return [value for value in finals if value is not None]
 
     @property
+    def seeds_heading(self) -> str:
+        """The table's column counting the target budget's seeds that reach the target on their own."""
+        return f"{self.target_labels}-label seeds at target"
+
+    @property
     def more_heading(self) -> str:
         """The table's column (and its legend's name) for the larger budget against the target one."""
         return f"{self.more_labels} ≥ {self.target_labels}"
@@ -172,7 +187,8 @@ class Figure:
         check and, when both were run, whether the larger budget at least matches the target one."""
         target, more = self.target_labels, self.more_labels
         compare_more = target in label_budgets and more in label_budgets
-        head = [f"{n} labels" for n in label_budgets] + ["RL on the true reward", f"{target} labels vs RL"]
+        head = [f"{n} labels" for n in label_budgets] + ["RL on the true reward", f"{target} labels vs RL",
+                                                          self.seeds_heading]
         head += [self.more_heading] if compare_more else []
         lines = ["| task | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
         for task in tasks:
@@ -181,6 +197,7 @@ class Figure:
             aim, rl = finals.get(target, []), finals[None]
             cells.append("PASS" if aim and rl and meets_target(np.mean(aim), np.mean(rl))
                          else "FAIL" if aim and rl else "–")
+            cells.append(seeds_at_target(aim, rl))
             if compare_more:
                 larger = finals[more]
                 cells.append(f"{'yes' if np.mean(larger) >= np.mean(aim) else 'no'} ({difference(larger, aim)})"
@@ -212,7 +229,9 @@ class Figure:
             "that have one, of each finished seed; then mean ± std over those seeds. "
             f"\"{self.target_labels} labels vs RL\" passes when {self.target_labels} labels reach "
             f"{TARGET_FRACTION:.0%} of RL's mean (when RL's mean is ≤ 0: at most {1 - TARGET_FRACTION:.0%} of |RL| "
-            "below it); – where an arm has no finished seed. "
+            f"below it); \"{self.seeds_heading}\" counts the seeds whose own final return meets that target "
+            "against RL's mean: a mean carried by one seed far above RL shows there as few seeds of many; "
+            "– where an arm has no finished seed. "
             + (f"\"{self.more_heading}\" compares the two budgets' means; in brackets their "
                "difference ± its standard error (√(s₁²/n₁ + s₂²/n₂), each arm's sample std): a difference within "
                "about twice its standard error is what the seeds' spread alone gives. "

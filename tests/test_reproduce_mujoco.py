@@ -490,17 +490,31 @@ def test_table_counts_finished_seeds_only_and_checks_the_targets(tmp_path):
     write_run(root, "Swimmer", None, 0, returns=[100.0])
     table = rm.results_table(root, ["Hopper", "Swimmer", "Ant"], [700, 1400], [0, 1, 2], lambda _: STEPS)
     lines = table.splitlines()
-    assert lines[0] == "| task | 700 labels | 1400 labels | RL on the true reward | 700 labels vs RL | 1400 ≥ 700 |"
-    # the difference of the means with its standard error: √(50/2 + 0/2) = 5 (sample variances)
-    assert lines[2] == "| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS | no (-10 ± 5) |"
-    assert lines[3] == "| Swimmer | 50.0 ± 0.0 (2 seeds) | – | 100 ± 0 (1 seed) | FAIL | – |"
-    assert lines[4] == "| Ant | – | – | – | – | – |"
+    assert lines[0] == ("| task | 700 labels | 1400 labels | RL on the true reward | 700 labels vs RL "
+                        "| 700-label seeds at target | 1400 ≥ 700 |")
+    # the difference of the means with its standard error: √(50/2 + 0/2) = 5 (sample variances);
+    # both 700-label seeds (95 and 105) reach 90 % of RL's 100 on their own
+    assert lines[2] == ("| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS | 2 of 2 "
+                        "| no (-10 ± 5) |")
+    assert lines[3] == "| Swimmer | 50.0 ± 0.0 (2 seeds) | – | 100 ± 0 (1 seed) | FAIL | 0 of 2 | – |"
+    assert lines[4] == "| Ant | – | – | – | – | – | – |"
     assert "1400" not in rm.results_table(root, ["Hopper"], [700], [0, 1], lambda _: STEPS).splitlines()[0]
     # how to read the brackets is said under a table that has them, and only there
     legend = "difference ± its standard error"
     assert legend in rm.section_markdown(table, "cmd", lambda _: STEPS, ["Hopper"], "fig.png")
     plain = rm.results_table(root, ["Hopper"], [700], [0, 1], lambda _: STEPS)
     assert legend not in rm.section_markdown(plain, "cmd", lambda _: STEPS, ["Hopper"], "fig.png")
+
+
+def test_seeds_at_target_counts_each_seed_against_rls_mean():
+    from experiments.figures import seeds_at_target
+
+    # a mean carried by one seed: 95 passes against RL's 100 (at least 90), 60 and 61 do not; the mean 205 passes
+    assert seeds_at_target([60.0, 61.0, 95.0, 604.0], [100.0, 100.0]) == "2 of 4"
+    assert seeds_at_target([89.9, 90.0], [100.0]) == "1 of 2"  # the boundary is the target's own
+    # negative returns: within 10 % of |RL| below it (RL −7: down to −7.7)
+    assert seeds_at_target([-7.7, -7.8, -6.0], [-7.0]) == "2 of 3"
+    assert seeds_at_target([], [1.0]) == "–" and seeds_at_target([1.0], []) == "–"
 
 
 def test_the_budgets_difference_carries_its_standard_error():
@@ -526,7 +540,7 @@ def test_grid_writes_figures_and_the_results_section(grid):
         assert (docs / name).stat().st_size > 1000, name
     text = results_md.read_text()
     assert text.startswith("# Results\n\n" + rm.SECTION_TITLE)
-    assert "| Hopper | 2.0 ± 0.0 (2 seeds) | 10.0 ± 0.0 (2 seeds) | 10.5 ± 0.0 (2 seeds) | PASS |" in text
+    assert "| Hopper | 2.0 ± 0.0 (2 seeds) | 10.0 ± 0.0 (2 seeds) | 10.5 ± 0.0 (2 seeds) | PASS | 2 of 2 |" in text
     assert ("`python -m experiments.reproduce_mujoco --tasks Hopper Reacher Ant --seeds 2 --labels 350 700 "
             f"--steps {STEPS}`") in text
     assert all(f"- {item}" in text for item in rm.A1_DIFFERENCES)
