@@ -494,9 +494,9 @@ def test_table_counts_finished_seeds_only_and_checks_the_targets(tmp_path):
                         "| 700-label seeds at target | 1400 ≥ 700 |")
     # the difference of the means with its standard error: √(50/2 + 0/2) = 5 (sample variances);
     # both 700-label seeds (95 and 105) reach 90 % of RL's 100 on their own
-    assert lines[2] == ("| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS | 2 of 2 "
-                        "| no (-10 ± 5) |")
-    assert lines[3] == "| Swimmer | 50.0 ± 0.0 (2 seeds) | – | 100 ± 0 (1 seed) | FAIL | 0 of 2 | – |"
+    assert lines[2] == ("| Hopper | 100 ± 5 (2 seeds) | 90.0 ± 0.0 (2 seeds) | 100 ± 0 (2 seeds) | PASS "
+                        "| 2 of 2 (RL 2 of 2) | no (-10 ± 5) |")
+    assert lines[3] == "| Swimmer | 50.0 ± 0.0 (2 seeds) | – | 100 ± 0 (1 seed) | FAIL | 0 of 2 (RL 1 of 1) | – |"
     assert lines[4] == "| Ant | – | – | – | – | – | – |"
     assert "1400" not in rm.results_table(root, ["Hopper"], [700], [0, 1], lambda _: STEPS).splitlines()[0]
     # how to read the brackets is said under a table that has them, and only there
@@ -510,10 +510,11 @@ def test_seeds_at_target_counts_each_seed_against_rls_mean():
     from experiments.figures import seeds_at_target
 
     # a mean carried by one seed: 95 passes against RL's 100 (at least 90), 60 and 61 do not; the mean 205 passes
-    assert seeds_at_target([60.0, 61.0, 95.0, 604.0], [100.0, 100.0]) == "2 of 4"
-    assert seeds_at_target([89.9, 90.0], [100.0]) == "1 of 2"  # the boundary is the target's own
+    assert seeds_at_target([60.0, 61.0, 95.0, 604.0], [100.0, 100.0]) == "2 of 4 (RL 2 of 2)"
+    # the boundary is the target's own; RL's seeds are counted against their own mean (100): 85 falls short
+    assert seeds_at_target([89.9, 90.0], [85.0, 115.0]) == "1 of 2 (RL 1 of 2)"
     # negative returns: within 10 % of |RL| below it (RL −7: down to −7.7)
-    assert seeds_at_target([-7.7, -7.8, -6.0], [-7.0]) == "2 of 3"
+    assert seeds_at_target([-7.7, -7.8, -6.0], [-7.0]) == "2 of 3 (RL 1 of 1)"
     assert seeds_at_target([], [1.0]) == "–" and seeds_at_target([1.0], []) == "–"
 
 
@@ -540,7 +541,7 @@ def test_grid_writes_figures_and_the_results_section(grid):
         assert (docs / name).stat().st_size > 1000, name
     text = results_md.read_text()
     assert text.startswith("# Results\n\n" + rm.SECTION_TITLE)
-    assert "| Hopper | 2.0 ± 0.0 (2 seeds) | 10.0 ± 0.0 (2 seeds) | 10.5 ± 0.0 (2 seeds) | PASS | 2 of 2 |" in text
+    assert "| Hopper | 2.0 ± 0.0 (2 seeds) | 10.0 ± 0.0 (2 seeds) | 10.5 ± 0.0 (2 seeds) | PASS | 2 of 2 (RL 2 of 2) |" in text
     assert ("`python -m experiments.reproduce_mujoco --tasks Hopper Reacher Ant --seeds 2 --labels 350 700 "
             f"--steps {STEPS}`") in text
     assert all(f"- {item}" in text for item in rm.A1_DIFFERENCES)
