@@ -306,7 +306,9 @@ class Figure:
         return runs[0][0][k - 1:n], ys
 
     def draw_task(self, ax, root: Path, task: str, label_budgets, seeds, steps: int) -> dict:
-        """One panel: each arm's mean over seeds as a line, ± std shaded.  Returns {legend stem:
+        """One panel: each arm's mean over seeds as a line, ± std shaded, and each seed as a thin
+        faint line of the arm's colour (a band hides outcomes that split: Swimmer's learned seeds end
+        on a slow, an RL-like or a fast gait, and its band spans all three).  Returns {legend stem:
         (line, seeds drawn)} for the arms that have any rows."""
         from matplotlib.ticker import MaxNLocator
 
@@ -317,6 +319,8 @@ class Figure:
                 continue
             x, ys = curves
             mean, std = ys.mean(0), ys.std(0)
+            for y in ys:
+                ax.plot(x, y, color=colour, alpha=0.35, linewidth=0.6)
             (line,) = ax.plot(x, mean, color=colour)
             ax.fill_between(x, mean - std, mean + std, color=colour, alpha=0.2, linewidth=0)
             drawn[stem] = (line, len(ys))

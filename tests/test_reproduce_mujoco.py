@@ -548,6 +548,24 @@ def test_grid_writes_figures_and_the_results_section(grid):
     assert "](results/mujoco_fig2.png)" in text
 
 
+def test_a_panel_draws_every_seed_beside_the_arms_mean(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # two learned seeds that split (a slow and a fast outcome) and one RL seed: the band alone would hide the split
+    write_run(tmp_path, "Swimmer", 700, 0, returns=[40.0] * 6)
+    write_run(tmp_path, "Swimmer", 700, 1, returns=[300.0] * 6)
+    write_run(tmp_path, "Swimmer", None, 0, returns=[100.0] * 6)
+    fig, ax = plt.subplots()
+    drawn = rm.FIG2.draw_task(ax, tmp_path, "Swimmer", [700], [0, 1], STEPS)
+    levels = sorted(round(float(line.get_ydata()[-1])) for line in ax.lines)
+    assert levels == [40, 100, 100, 170, 300]  # each seed, and each arm's mean (RL's one seed is its mean)
+    assert [n for _, n in drawn.values()] == [2, 1]
+    plt.close(fig)
+
+
 def test_plot_only_runs_nothing_and_redraws_from_what_exists(grid):
     root, argv, fake = grid
     write_run(root, "Swimmer", 700, 0, returns=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
