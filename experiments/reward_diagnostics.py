@@ -16,6 +16,13 @@ the states a policy visits; a spread well above the run's own policy's says r̂ 
 there (Swimmer's faster gait: BUILD_NOTES).  Christiano runs only (their newest checkpoint); the
 task is the reward model's run's.
 
+    python -m experiments.reward_diagnostics --rm RUN RUN BASELINE_RUN --obs-features 0,1,8
+
+``--obs-features I,J`` adds, beside each row, the mean ± std of those observation features over
+the policy's steps: which gait a policy found.  On HalfCheetah (features 0, 1, 8: the torso's
+height, its pitch and the forward velocity) a cheetah running on its back reads a pitch of about
++3 rad where an upright one reads 0.2–0.6 (docs/results.md, "HalfCheetah over ten seeds").
+
     python -m experiments.reward_diagnostics --rm RUN --retrain 120000 --retrain-seeds 3
 
 ``--retrain STEPS`` asks the other question: is a failed run's r̂ itself wrong, or did the agent
@@ -152,7 +159,8 @@ def score(rm_run: PreferenceRun, rm_state: dict, policy_run: PreferenceRun, poli
     row = dict(true_return=st["true_return"], r_hat=float(r.mean()),
                corr=float(np.corrcoef(true, r)[0, 1]) if true.std() > 0 and r.std() > 0 else float("nan"),
                slope=float(np.polyfit(true, r, 1)[0]) if true.std() > 0 else float("nan"), action_share=0.0,
-               spread=float(m.std(axis=0).mean()) if m.shape[0] > 1 else float("nan"))
+               spread=float(m.std(axis=0).mean()) if m.shape[0] > 1 else float("nan"),
+               obs_mean=st["obs"].mean(axis=0), obs_std=st["obs"].std(axis=0))
     if not rm_run.spec.discrete and not greedy:  # r̂ again on the policy's mean actions
         mean_action = clip_action(rm_run.spec, policy_run.agent.act_deterministic(policy_state["agent"].params, st["obs"]))
         r_mean = member_rewards(rm_run, rm_state, st["features"], mean_action).mean(axis=0)
@@ -357,6 +365,28 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
                 r_std=float(r.std()), action_std=float((r - r_shuffled).std()), healthy=in_range)
 
 
+def feature_list(text: str) -> tuple[int, ...]:
+    """``--obs-features``' value: comma-separated feature indices, each at least 0."""
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected indices separated by commas, such as 0,1,8; got {text!r}") from None
+    if any(i < 0 for i in out):
+        raise argparse.ArgumentTypeError(f"feature indices start at 0; got {text!r}")
+    return out
+
+
+def check_features(rm_run: PreferenceRun, features) -> None:
+    """Refuse ``--obs-features`` the task's observations do not have (or images, which have no features)."""
+    shape = rm_run.spec.obs_shape
+    if features and len(shape) != 1:
+        raise ValueError(f"--obs-features reads vector observations; {rm_run.cfg.out}'s are {shape}")
+    bad = [i for i in features if i >= (shape[0] if shape else 0)]
+    if bad:
+        raise ValueError(f"--obs-features {','.join(map(str, bad))}: {rm_run.cfg.out}'s observations have "
+                         f"{shape[0]} features (0 to {shape[0] - 1})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m experiments.reward_diagnostics", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -372,6 +402,9 @@ def main(argv=None) -> int:
                    help="start the --retrain agents from RUN's newest policy instead of fresh ones (see above)")
     p.add_argument("--labels", action="store_true",
                    help="what --rm's labels hold and how its r̂ reads them (see above)")
+    p.add_argument("--obs-features", type=feature_list, default=(), metavar="I,J,...",
+                   help="beside each scored row, the mean ± std of these observation features over the policy's "
+                        "steps (what a gait is: HalfCheetah's torso pitch, feature 1, reads about +3 rad on its back)")
     p.add_argument("--attribute", action="store_true",
                    help="with two runs A B: which inputs make r̂ pay their policies differently (see above)")
     add_compile_cache_flag(p)
@@ -386,6 +419,8 @@ def main(argv=None) -> int:
         p.error("give run directories to score, --retrain STEPS or --labels")
     if args.retrain is not None and (args.retrain < 1 or args.retrain_seeds < 1):
         p.error("--retrain and --retrain-seeds must be positive")
+    if args.obs_features and not args.runs:
+        p.error("--obs-features describes the scored runs' policies: give run directories to score")
     start_compile_cache(args)  # a second look at the same run loads its programs instead of compiling them
     try:
         rm_run, rm_state = load(args.rm)
@@ -455,16 +490,18 @@ def main(argv=None) -> int:
             print(f"  {'action':8s} {at['action']:+9.3f}")
             return 0
         require_r_hat(rm_run)
+        check_features(rm_run, args.obs_features)
         print(f"r̂ of {args.rm}")
         print(f"{'run':44s} {'acting':8s} {'true return':>12s} {'r̂/step':>8s} {'corr':>6s} {'slope':>6s} {'action share':>12s}"
-              f" {'spread':>6s}")
+              f" {'spread':>6s}" + "".join(f" {f'obs[{i}]':>13s}" for i in args.obs_features))
         for run in args.runs:
             policy_run, policy_state = load(run)
             for greedy in (False, True):
                 row = score(rm_run, rm_state, policy_run, policy_state, greedy=greedy, steps=args.steps, seed=args.seed)
                 print(f"{run[-44:]:44s} {'greedy' if greedy else 'sampled':8s} {row['true_return']:12.1f} "
                       f"{row['r_hat']:8.3f} {row['corr']:6.3f} {row['slope']:6.2f} {row['action_share']:12.3f}"
-                      f" {row['spread']:6.3f}")
+                      f" {row['spread']:6.3f}"
+                      + "".join(f" {row['obs_mean'][i]:+7.2f}±{row['obs_std'][i]:<5.2f}" for i in args.obs_features))
     except ValueError as e:
         return refuse(e)
     return 0

@@ -355,6 +355,35 @@ def test_reward_diagnostics_score_a_runs_policy_with_a_runs_reward_model(cartpol
     assert reward_diagnostics.score(run, state, run, state, greedy=False, steps=60)["spread"] > 0
 
 
+def test_reward_diagnostics_obs_features_describe_each_policys_states(cartpole_run, capsys):
+    """``--obs-features``: each scored row gains the mean ± std of the named observation features over
+    the policy's own steps, the same numbers as the rollout's observations give; indices the task lacks
+    are refused with the range it has."""
+    from experiments import reward_diagnostics
+
+    run, state = reward_diagnostics.load(str(cartpole_run))
+    row = reward_diagnostics.score(run, state, run, state, greedy=True, steps=60, seed=2)
+    obs = reward_diagnostics.policy_steps(run, run, state, greedy=True, steps=60, seed=2)["obs"]
+    np.testing.assert_allclose(row["obs_mean"], obs.mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(row["obs_std"], obs.std(axis=0), rtol=1e-6)
+    assert row["obs_std"][2] > 0  # the pole's angle moves: the column reads the steps, not a constant
+    assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run), "--steps", "60", "--seed", "2",
+                                    "--obs-features", "2,0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[-2:] == ["obs[2]", "obs[0]"]
+    greedy = lines[3].split()
+    assert greedy[1] == "greedy"
+    mean, std = greedy[-2].split("±")
+    assert float(mean) == pytest.approx(row["obs_mean"][2], abs=0.006) and float(std) == pytest.approx(row["obs_std"][2], abs=0.006)
+    assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run), "--obs-features", "4"]) == 2
+    assert "have 4 features (0 to 3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run), "--obs-features", "1,x"])
+    assert "such as 0,1,8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        reward_diagnostics.main(["--rm", str(cartpole_run), "--labels", "--obs-features", "1"])
+
+
 def test_reward_diagnostics_attribute_finds_the_inputs_r_hat_reads(cartpole_run, capsys):
     """``--attribute``: r̂ on A's steps with one input given B's values.  An input whose first-layer
     weights are zero in every member is worth exactly nothing; the unmodified r̂ reads some input;
