@@ -421,6 +421,9 @@ def main(argv=None) -> int:
         p.error("--retrain and --retrain-seeds must be positive")
     if args.obs_features and not args.runs:
         p.error("--obs-features describes the scored runs' policies: give run directories to score")
+    if args.obs_features and args.attribute:
+        p.error("--attribute already prints every feature's mean and std under both policies; "
+                "--obs-features is for scored rows")
     start_compile_cache(args)  # a second look at the same run loads its programs instead of compiling them
     try:
         rm_run, rm_state = load(args.rm)

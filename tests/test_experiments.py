@@ -382,6 +382,10 @@ def test_reward_diagnostics_obs_features_describe_each_policys_states(cartpole_r
     assert "such as 0,1,8" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         reward_diagnostics.main(["--rm", str(cartpole_run), "--labels", "--obs-features", "1"])
+    with pytest.raises(SystemExit):
+        reward_diagnostics.main(["--rm", str(cartpole_run), "--attribute", str(cartpole_run), str(cartpole_run),
+                                 "--obs-features", "1"])
+    assert "already prints every feature" in capsys.readouterr().err
 
 
 def test_reward_diagnostics_attribute_finds_the_inputs_r_hat_reads(cartpole_run, capsys):
