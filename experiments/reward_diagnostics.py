@@ -379,9 +379,11 @@ def feature_list(text: str) -> tuple[int, ...]:
 def check_features(rm_run: PreferenceRun, features) -> None:
     """Refuse ``--obs-features`` the task's observations do not have (or images, which have no features)."""
     shape = rm_run.spec.obs_shape
-    if features and len(shape) != 1:
+    if not features:
+        return
+    if len(shape) != 1:
         raise ValueError(f"--obs-features reads vector observations; {rm_run.cfg.out}'s are {shape}")
-    bad = [i for i in features if i >= (shape[0] if shape else 0)]
+    bad = [i for i in features if i >= shape[0]]
     if bad:
         raise ValueError(f"--obs-features {','.join(map(str, bad))}: {rm_run.cfg.out}'s observations have "
                          f"{shape[0]} features (0 to {shape[0] - 1})")
