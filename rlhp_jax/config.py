@@ -35,6 +35,9 @@ ABLATIONS = {
     "true_at_rhat_scale": "labels, fits and r̂ as usual, but the agent trains on the true reward mapped each "
                           "iteration onto r̂'s scale and offset (least squares over the rollout): r̂'s per-step "
                           "error removed, everything else of the learned arm kept",
+    # ours, the same diagnosis's other half: is it the residual's size or what it depends on?
+    "shuffled_residual": "as true_at_rhat_scale, plus r̂'s residual from that line shuffled over the rollout's "
+                         "steps: r̂'s per-step error kept at its size, no longer a function of the state",
 }
 BASELINE_REWARDS = ("normalized", "raw", "clipped_game")  # RunConfig.baseline_reward (loop.RunParts.baseline_rewards)
 

@@ -248,6 +248,7 @@ class RunParts:
         self.ensemble = RewardEnsemble(reward_model_spec_for(self.spec, next_obs=ens_cfg.next_obs), ens_cfg)
         self.learn = config.reward_source == "model"
         self.true_at_rhat_scale = self.learn and config.ablation == "true_at_rhat_scale"
+        self.shuffled_residual = self.learn and config.ablation == "shuffled_residual"
         self.schedule = None
         if self.learn:
             self.schedule = label_schedule(
@@ -440,6 +441,17 @@ class RunParts:
         slope = mean((true - m_true) * (rewards - m_r)) / jnp.maximum(mean(jnp.square(true - m_true)), 1e-12)
         return m_r + slope * (true - m_true)
 
+    @staticmethod
+    def shuffled_over_valid(x, valid, key):
+        """``x`` [T, N] with its values on the valid steps permuted among those steps at random (from
+        ``key``); the other steps keep theirs.  The ``shuffled_residual`` diagnosis: r̂'s residual
+        from its line on the true reward, as large as it was, but no longer a function of the step's
+        state."""
+        flat, ok = x.reshape(-1), valid.reshape(-1)
+        source = jnp.argsort(jnp.where(ok, jax.random.uniform(key, flat.shape), 2.0))  # valid steps first, shuffled
+        target = jnp.argsort(~ok, stable=True)  # valid steps first, in order
+        return jnp.zeros_like(flat).at[target].set(flat[source]).reshape(x.shape)
+
     def one_update(self, carry, key):
         """Collect one rollout on r̂ (or the baseline's true reward) and update the agent once."""
         return self.learn_once(*self.act_once(carry, key))
@@ -463,8 +475,10 @@ class RunParts:
         if self.learn:
             member_r = self.member_rewards(ens_state, rollout)
             rewards = self.agent_rewards(ens_state, member_r)
-            if self.true_at_rhat_scale:
-                rewards = self.affine_true(rewards, rollout)
+            if self.true_at_rhat_scale or self.shuffled_residual:
+                line = self.affine_true(rewards, rollout)
+                rewards = line if self.true_at_rhat_scale else line + self.shuffled_over_valid(
+                    rewards - line, rollout.valid, jax.random.fold_in(k_upd, 1))
         else:
             member_r = jnp.zeros((0, *rollout.true_reward.shape), jnp.float32)
             rewards = self.baseline_rewards(rollout, reward_scale)

@@ -10,7 +10,8 @@ r̂ of the transition (``--ensemble.next-obs``): each step's observation beside 
   second half of each clip step is the first half of the next one.
 
 And two diagnosis options: r̂ of the observation alone (``--ensemble.no-use-action``), and the
-``true_at_rhat_scale`` arm, whose agent is paid the true reward on r̂'s least-squares line.
+``true_at_rhat_scale`` arm, whose agent is paid the true reward on r̂'s least-squares line, and the
+``shuffled_residual`` arm, paid that line plus r̂'s residual from it moved to other steps.
 """
 
 from __future__ import annotations
@@ -181,16 +182,21 @@ def test_the_true_reward_on_r_hats_line(seed, slope, offset):
     np.testing.assert_allclose(out, np.polyval(fit, true), rtol=1e-3, atol=1e-3)
 
 
-def test_the_diagnosis_arm_pays_its_agent_the_true_reward_on_r_hats_line():
+@pytest.mark.parametrize("ablation", ["true_at_rhat_scale", "shuffled_residual"])
+def test_the_diagnosis_arms_pay_their_agent_the_true_reward_on_r_hats_line(ablation):
     """``--ablation true_at_rhat_scale``: the learned arm's iteration, its agent's reward exactly
-    affine in the rollout's true reward; the ensemble, labels and everything else as the learned arm."""
+    affine in the rollout's true reward; the ensemble, labels and everything else as the learned arm.
+    ``--ablation shuffled_residual``: the same line plus r̂'s residual from it, the residuals the
+    same set of numbers but moved to other steps."""
     import lanes_check
     from rlhp_jax.config import with_ablation
     from rlhp_jax.loop import RunParts
 
-    cfg = with_ablation(lanes_check.test_config(), "true_at_rhat_scale")
+    cfg = with_ablation(lanes_check.test_config(), ablation)
     parts = RunParts(cfg)
-    assert parts.learn and parts.true_at_rhat_scale
+    assert parts.learn and (parts.true_at_rhat_scale, parts.shuffled_residual) == (
+        ablation == "true_at_rhat_scale", ablation == "shuffled_residual")
+    assert parts.updates_per_iter == 1  # one rollout an iteration: one line over all its steps
     state = parts.fresh(jax.random.key(0))
     out = jax.jit(parts.iteration)(state.agent, state.env_state, state.obs, state.ensemble, state.reward_scale,
                                    jax.random.key(1))
@@ -198,6 +204,31 @@ def test_the_diagnosis_arm_pays_its_agent_the_true_reward_on_r_hats_line():
     valid = np.asarray(rollout.valid)
     true = np.asarray(rollout.true_reward)
     assert true[valid].std() > 0 and member_r.shape[0] == 2
-    assert abs(np.corrcoef(rewards[valid], true[valid])[0, 1]) > 0.9999
     r_hat = np.asarray(parts.agent_rewards(state.ensemble, member_r))
+    line = np.asarray(RunParts.affine_true(jnp.asarray(r_hat), rollout))
     assert not np.allclose(rewards, r_hat)
+    if ablation == "true_at_rhat_scale":
+        assert abs(np.corrcoef(rewards[valid], true[valid])[0, 1]) > 0.9999
+        np.testing.assert_allclose(rewards, line, rtol=1e-5, atol=1e-6)
+    else:
+        residual, own = rewards - line, r_hat - line
+        np.testing.assert_allclose(np.sort(residual[valid]), np.sort(own[valid]), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(residual[valid], own[valid])
+        # the residual is no longer what r̂ had at that step, but as large: correlation with r̂ drops
+        assert np.corrcoef(rewards[valid], r_hat[valid])[0, 1] < 0.99
+        np.testing.assert_allclose(residual[valid].std(), own[valid].std(), rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_a_shuffle_over_the_valid_steps_moves_only_valid_values_among_valid_steps(seed):
+    from rlhp_jax.loop import RunParts
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    valid = rng.random((8, 3)) < 0.7
+    out = np.asarray(RunParts.shuffled_over_valid(jnp.asarray(x), jnp.asarray(valid), jax.random.key(seed)))
+    np.testing.assert_array_equal(out[~valid], x[~valid])
+    np.testing.assert_array_equal(np.sort(out[valid]), np.sort(x[valid]))
+    if valid.sum() >= 8:  # 8! orders: the identity would be a broken shuffle, not chance
+        assert not np.array_equal(out[valid], x[valid])
