@@ -280,6 +280,10 @@ def build_parser(domain: Domain) -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue a run from its newest checkpoint, with its saved configuration (a run stopped "
                         "before its first checkpoint starts again from it)")
+    p.add_argument("--pause-at", metavar="ITERATION", type=int, default=None,
+                   help="stop once that iteration's checkpoint is written, leaving the run to --resume (no "
+                        "summary yet): a long run in parts, or its reward model read part-way "
+                        "(experiments.reward_diagnostics)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_compile_cache_flag(p)
 
@@ -485,12 +489,12 @@ def start_compile_cache(args: argparse.Namespace) -> None:
 
 
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """The flags given on the command line (other than --resume, --no-progress, --no-compile-cache
+    """The flags given on the command line (other than --resume, --pause-at, --no-progress, --no-compile-cache
     and the page's):
     the generated ones present at all, the others different from their defaults."""
     defaults = vars(parser.parse_args([]))
     return [flag_name(dest, value) for dest, value in vars(args).items()
-            if dest not in ("resume", "no_progress", "no_compile_cache") + SERVER_FLAGS
+            if dest not in ("resume", "pause_at", "no_progress", "no_compile_cache") + SERVER_FLAGS
             and not (dest in defaults and defaults[dest] == value)]
 
 
@@ -526,11 +530,14 @@ def main(domain: Domain, argv=None) -> int:
         check_out_directory(cfg.out)
         check_binding(args.host, args.token)
         if isinstance(cfg, RunConfig):
-            run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
+            run = PreferenceRun(cfg, progress=not args.no_progress, resume=bool(args.resume), pause_at=args.pause_at)
             asks_people = cfg.label_source == "human" and cfg.reward_source == "model"
         else:  # Ibarz et al.'s protocol (it refuses --teacher human where it asks for no labels)
             from rlhp_jax.ibarz import IbarzRun
 
+            if args.pause_at is not None:
+                raise ValueError("--pause-at stops Christiano runs only; an --agent dqfd run is stopped by a kill "
+                                 "and continued with --resume")
             run = IbarzRun(cfg, progress=not args.no_progress, resume=bool(args.resume))
             asks_people = cfg.label_source == "human"
         # this process's alone from here (the page's label store lives there too)
@@ -554,6 +561,10 @@ def main(domain: Domain, argv=None) -> int:
         return refuse(f"out of memory ({' '.join(str(e).split())[:160]}): the run asks for more than this machine "
                       "holds; choose smaller sizes (--agent-config num_envs=..., --eval-episodes, --label-capacity, "
                       "--segment-length, --ensemble.batch-size)")
+    if summary.get("paused_at") is not None:
+        print(f"paused at iteration {summary['paused_at']} of {summary['iterations']} (its checkpoint is written); "
+              f"continue with: --resume {cfg.out}")
+        return 0
     print(json.dumps(summary, indent=2))
     print(f"metrics, plots, TensorBoard events and checkpoints in {cfg.out}/")
     return 0

@@ -59,10 +59,15 @@ class PreferenceRun:
     stopped before its first one, starts it again there (:func:`continues_from_checkpoint`).
     A start from the config truncates ``metrics.jsonl``, and TensorBoard hides the events a killed
     attempt logged beyond the checkpoint, so no row is ever logged twice.
+
+    ``pause_at=N`` stops after iteration N, once its checkpoint is committed, and returns
+    ``{"paused_at": N, ...}`` instead of the summary (none is written): the directory is a run
+    stopped there, which ``resume=True`` continues; it is the uninterrupted run's state at N, so
+    its reward model and policy can be read part-way (BUILD_NOTES, "Early on, r̂ pays").
     """
 
     def __init__(self, config: RunConfig, progress: bool = True, log: Callable[[str], None] = print,
-                 resume: bool = False):
+                 resume: bool = False, pause_at: int | None = None):
         self.cfg = config
         self.progress = progress
         self.log = log
@@ -72,6 +77,10 @@ class PreferenceRun:
                      "agent", "ensemble", "learn", "schedule", "fit_steps", "pretrain_steps", "can_evaluate",
                      "iteration_loop"):
             setattr(self, name, getattr(parts, name))
+        if pause_at is not None and not 1 <= pause_at < self.num_iters:
+            raise ValueError(f"--pause-at {pause_at}: this run's iterations are 1 to {self.num_iters}; pause at one "
+                             f"from 1 to {self.num_iters - 1} (its last one ends the run anyway)")
+        self.pause_at = pause_at
         self._build_functions()
 
     # ------------------------------------------------------------------ compiled pieces
@@ -223,6 +232,10 @@ class PreferenceRun:
             start_iter = int(meta["iteration"]) + 1
             asked, answered = int(meta["queries"]), int(meta["labels"])
             wall_before = float(meta.get("wall_s", 0.0))
+            if self.pause_at is not None and self.pause_at < start_iter:
+                raise ValueError(f"--pause-at {self.pause_at}: {out} is at iteration {start_iter - 1} already"
+                                 + (f"; pause at a later one, up to {self.num_iters - 1}"
+                                    if start_iter < self.num_iters else ""))
             if start_iter > self.num_iters:  # killed after its last checkpoint, or simply resumed again
                 self.log(finished_line(out, f"iteration {start_iter - 1} of {self.num_iters}"))
             else:
@@ -346,8 +359,9 @@ class PreferenceRun:
             row["steps_per_s"] = env_steps / row["wall_s"]
             writer.write(row)
             tb.scalars(env_steps, row)
+            paused = it == self.pause_at
             if it == self.num_iters or (cfg.checkpoint_every and it % cfg.checkpoint_every == 0) \
-                    or (responded and cfg.checkpoint_on_labels and teacher.asynchronous):
+                    or (responded and cfg.checkpoint_on_labels and teacher.asynchronous) or paused:
                 save(it, state)
             if bar is not None:
                 bar.update(self.steps_per_iter)
@@ -357,14 +371,19 @@ class PreferenceRun:
                 elif row.get("episode_return") is not None:
                     post["score"] = f"{row['episode_return']:.1f}"
                 bar.set_postfix(post)
+            if paused:
+                break
         if bar is not None:
             bar.close()
         ckpt.close()  # the last checkpoint committed
         if teacher is not None:
             teacher.close()
-            teacher.publish(state="finished")
+            teacher.publish(state="paused" if self.pause_at is not None else "finished")
         writer.close()
         tb.close()
+        if self.pause_at is not None:  # no summary: the run is not over, and --resume continues it
+            self.final = dict(agent_state=state.agent, ens_state=state.ensemble, buffer=state.buffer)
+            return dict(paused_at=self.pause_at, iterations=self.num_iters, env_steps=self.pause_at * self.steps_per_iter)
         summary = self._summary(read_jsonl(out / "metrics.jsonl"), answered, asked)
         self.final = dict(agent_state=state.agent, ens_state=state.ensemble, buffer=state.buffer)
         return summary

@@ -218,6 +218,35 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_
     assert read_scalars(run / "tensorboard")["iteration"] == [(r["env_steps"], float(r["iteration"])) for r in rows]
 
 
+def test_pause_at_stops_at_a_checkpoint_and_resume_finishes_the_same_run(tmp_path, capsys, cartpole_run):
+    """--pause-at N: the run stops once iteration N's checkpoint is written (here between the
+    cadence's checkpoints), without a summary; it is the uninterrupted run up to N, and --resume
+    continues it to the uninterrupted run's end.  A pause it is already past is refused."""
+    out = tmp_path / "paused"
+    every4 = RESUME_ARGS[:-1] + ["4"]  # checkpoints at 4 and 6: the pause writes its own
+    capsys.readouterr()
+    assert classic.main([*every4, "--out", str(out), "--pause-at", "3", "--no-progress"]) == 0
+    assert f"paused at iteration 3 of 6 (its checkpoint is written); continue with: --resume {out}" \
+        in capsys.readouterr().out
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == [1, 2, 3] and not (out / "summary.json").exists()
+    assert Checkpointer(out / "checkpoints").latest_step() == 3
+    uninterrupted = read_jsonl(cartpole_run / "metrics.jsonl")
+    assert_same_rows(rows, uninterrupted[:3])
+
+    assert classic.main(["--resume", str(out), "--pause-at", "2", "--no-progress"]) != 0
+    assert f"--pause-at 2: {out} is at iteration 3 already; pause at a later one, up to 5" in capsys.readouterr().err
+    assert read_jsonl(out / "metrics.jsonl") == rows
+    assert classic.main(["--resume", str(out), "--no-progress"]) == 0
+    assert_same_rows(read_jsonl(out / "metrics.jsonl"), uninterrupted)
+    assert json.loads((out / "summary.json").read_text())["labels"] == 60
+
+    for bad in ("0", "6"):  # the last iteration ends the run anyway; iterations count from 1
+        assert classic.main([*every4, "--out", str(tmp_path / f"bad{bad}"), "--pause-at", bad, "--no-progress"]) != 0
+        assert f"--pause-at {bad}: this run's iterations are 1 to 6" in capsys.readouterr().err
+        assert not (tmp_path / f"bad{bad}").exists()
+
+
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory):
     """The same configuration as RESUME_ARGS, run without interruption."""
