@@ -51,6 +51,10 @@ differs).  Higher is better except where the unit says otherwise.  The sections,
             4,160 steps (a Pendulum iteration's candidates for 32 and 128 queries) and 2,048
             among 49,152 (a larger pool), every 50th start unusable (an episode boundary).
             ``--quick``: the first case only.
+``clips``   Frames/s drawn for a labeling page's clip of a gymnax task (``rlhp_jax.render.classic``:
+            60 frames of 256×256 from a random policy's observations, numpy on the host), per
+            classic-control and MinAtar task; ``ms_per_clip`` is what a person waits per clip before
+            its encoding.  ``--quick``: CartPole only.
 ``loop``    End-to-end seeds·env steps/s of the compiled training loop for several seed counts,
             from ``experiments.benchmark_loop.rows(args)`` (``args``: this command's parsed
             arguments: ``quick``, ``repeats``, ``tasks``, ...).  Skipped with a note when that
@@ -126,11 +130,17 @@ QUICK_REWARD = {"mlp": dict(batch=16, segment_length=10, capacity=16),
 # larger pool
 DRAW_CASES = ((640, 4_160), (2_560, 4_160), (2_048, 49_152))
 
+# clips: the gymnax tasks whose clips are drawn from observations, and a clip's frames
+CLIP_TASKS = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0", "Breakout-MinAtar",
+              "SpaceInvaders-MinAtar")
+CLIP_FRAMES = 60
+
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "envpool", "gymnax", "numpy")
 _STANDARD = ("section", "name", "value", "unit")
 _NOT_SETTINGS = set(_STANDARD) | {"error", "seconds", "peak_rss_mib", "peak_device_mib"}
 # settings the row names of these sections already say (left out of the Markdown, kept in the JSON)
-_IN_NAME = {"env": {"task", "num_envs"}, "agent": {"agent", "task"}, "reward": {"model", "members", "member_axis"}}
+_IN_NAME = {"env": {"task", "num_envs"}, "agent": {"agent", "task"}, "reward": {"model", "members", "member_axis"},
+            "clips": {"task"}}
 
 
 class SectionSkipped(Exception):
@@ -317,6 +327,22 @@ def draw_rows(args: argparse.Namespace) -> list[dict]:
             for n, k in (DRAW_CASES[:1] if args.quick else DRAW_CASES) for method in ("inverse CDF", "categorical")]
 
 
+# ------------------------------------------------------------------------------------ clips
+def _clip_rate(task: str, repeats: int, size: int = 256) -> dict:
+    from rlhp_jax.render.__main__ import random_rollout
+    from rlhp_jax.render.classic import classic_clip_frames
+
+    _, obs, _ = random_rollout(task, CLIP_FRAMES, seed=0)
+    seconds = best_time(lambda o: classic_clip_frames(task, o, size), obs, repeats=max(1, repeats))
+    return dict(value=CLIP_FRAMES / seconds, unit="frames/s", task=task, frames=CLIP_FRAMES, size=size,
+                ms_per_clip=1000 * seconds, seconds=seconds)
+
+
+def clip_rows(args: argparse.Namespace) -> list[dict]:
+    chosen = [t for t in (CLIP_TASKS[:1] if args.quick else CLIP_TASKS) if _selected(t, args.tasks)]
+    return [measure("clips", f"{t}, {CLIP_FRAMES} frames", lambda t=t: _clip_rate(t, args.repeats)) for t in chosen]
+
+
 # ------------------------------------------------------------------------------------ loop
 def loop_rows(args: argparse.Namespace) -> list[dict]:
     try:
@@ -336,7 +362,8 @@ def loop_rows(args: argparse.Namespace) -> list[dict]:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[dict]]] = {
-    "env": env_rows, "agent": agent_rows, "reward": reward_rows, "draws": draw_rows, "loop": loop_rows,
+    "env": env_rows, "agent": agent_rows, "reward": reward_rows, "draws": draw_rows, "clips": clip_rows,
+    "loop": loop_rows,
 }
 
 

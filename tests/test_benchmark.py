@@ -21,7 +21,7 @@ def _only_file(path, suffix):
 
 
 def test_quick_env_and_reward_write_stamped_json_and_markdown(tmp_path, capsys):
-    out = benchmark.main(["--quick", "--repeats", "1", "--sections", "env", "reward", "draws", "--tasks", "CartPole-v1",
+    out = benchmark.main(["--quick", "--repeats", "1", "--sections", "env", "reward", "draws", "clips", "--tasks", "CartPole-v1",
                           "--envs", "8", "--models", "mlp", "--out", str(tmp_path)])
     data = json.loads(_only_file(tmp_path, ".json").read_text())
     md = _only_file(tmp_path, ".md").read_text()
@@ -35,7 +35,7 @@ def test_quick_env_and_reward_write_stamped_json_and_markdown(tmp_path, capsys):
         assert lib in stamp["versions"], lib
     assert stamp["versions"]["jax"] and stamp["versions"]["python"]
     assert stamp["quick"] is True
-    assert set(stamp["sections"]) == {"env", "reward", "draws"}
+    assert set(stamp["sections"]) == {"env", "reward", "draws", "clips"}
     assert all(s["status"] == "ok" and "note" not in s for s in stamp["sections"].values()), stamp["sections"]
 
     rows = data["rows"]
@@ -43,14 +43,17 @@ def test_quick_env_and_reward_write_stamped_json_and_markdown(tmp_path, capsys):
     assert names == [("env", "CartPole-v1, 8 envs"),
                      ("reward", "MLP, 1 member, vmap"), ("reward", "MLP, 3 members, vmap"),
                      ("reward", "MLP vmap: 3 members / 1 member"),
-                     ("draws", "inverse CDF, 640 among 4,160"), ("draws", "categorical, 640 among 4,160")]
+                     ("draws", "inverse CDF, 640 among 4,160"), ("draws", "categorical, 640 among 4,160"),
+                     ("clips", "CartPole-v1, 60 frames")]
     for r in rows:
         assert "error" not in r, r
         assert isinstance(r["value"], float) and math.isfinite(r["value"]) and r["value"] > 0, r
         assert r["unit"]
         assert r["peak_rss_mib"] > 0
-    env, one, three, ratio, inverse, categorical = rows
+    env, one, three, ratio, inverse, categorical, clips = rows
     assert inverse["unit"] == categorical["unit"] == "draws/s" and inverse["draws"] == 640
+    assert clips["unit"] == "frames/s" and clips["frames"] == 60 and clips["size"] == 256
+    assert math.isclose(clips["ms_per_clip"], 60_000 / clips["value"])
     assert env["unit"] == "env steps/s" and env["num_envs"] == 8 and env["library"] == "gymnax"
     assert one["unit"] == three["unit"] == "clip pairs/s" and (one["members"], three["members"]) == (1, 3)
     assert math.isclose(ratio["value"], one["steps_per_s"] / three["steps_per_s"])
