@@ -381,12 +381,10 @@ class PreferenceRun:
             teacher.publish(state="paused" if self.pause_at is not None else "finished")
         writer.close()
         tb.close()
-        if self.pause_at is not None:  # no summary: the run is not over, and --resume continues it
-            self.final = dict(agent_state=state.agent, ens_state=state.ensemble, buffer=state.buffer)
-            return dict(paused_at=self.pause_at, iterations=self.num_iters, env_steps=self.pause_at * self.steps_per_iter)
-        summary = self._summary(read_jsonl(out / "metrics.jsonl"), answered, asked)
         self.final = dict(agent_state=state.agent, ens_state=state.ensemble, buffer=state.buffer)
-        return summary
+        if self.pause_at is not None:  # no summary: the run is not over, and --resume continues it
+            return dict(paused_at=self.pause_at, iterations=self.num_iters, env_steps=self.pause_at * self.steps_per_iter)
+        return self._summary(read_jsonl(out / "metrics.jsonl"), answered, asked)
 
     def _summary(self, rows, answered, asked) -> dict[str, Any]:
         cfg, out = self.cfg, Path(self.cfg.out)
