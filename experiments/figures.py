@@ -509,9 +509,14 @@ class Figure:
         """Raise :class:`GridError` when ``--run-args`` are not flags the runs' entry point takes:
         found here, before any run starts, not once per run as each of them fails; or when they name
         a flag the grid sets itself for each run (the last of two wins: ``--seed 3`` made every
-        ``…-seedN`` directory a copy of seed 3, averaged as if they were N seeds)."""
+        ``…-seedN`` directory a copy of seed 3, averaged as if they were N seeds), or ``--pause-at``."""
+        flags = {a.split("=", 1)[0] for a in run.extra}
+        if "--pause-at" in flags:  # a paused run exits 0 with no summary: the grid would log a "final" return
+            raise GridError("--run-args: --pause-at stops a run part-way, and the grid would report the paused runs "
+                            "as ended and, run again, resume them to their end; pause one of its runs with python "
+                            f"-m experiments.{run.entry} --resume DIR --pause-at N")
         owned = ("--env", "--seed", "--steps", "--out", "--labels", "--baseline", "--resume")
-        taken = sorted({a.split("=", 1)[0] for a in run.extra if a.split("=", 1)[0] in owned})
+        taken = sorted(flags & set(owned))
         if taken:
             raise GridError(f"--run-args: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} the grid's own "
                             "(--tasks, --seeds/--seed-list, --steps, --root, --labels name them); drop "

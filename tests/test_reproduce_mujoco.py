@@ -729,7 +729,9 @@ def test_the_committed_table_lists_exactly_the_differences_the_code_writes():
 @pytest.mark.parametrize("run_args, says", [("--agent-config vf_recentr=True", "vf_recentr"),
                                            ("--no-such-flag 3", "not flags of python -m experiments.mujoco"),
                                            ("--seed 3", "--seed is the grid's own"),  # every seed a copy of seed 3
-                                           ("--out=/tmp/elsewhere --steps 5", "--out, --steps are the grid's own")])
+                                           ("--out=/tmp/elsewhere --steps 5", "--out, --steps are the grid's own"),
+                                           # a paused run exits 0 without a summary: not a run that ended
+                                           ("--pause-at 3", "--pause-at stops a run part-way")])
 def test_run_args_the_entry_point_refuses_stop_the_grid_before_any_run(grid, capsys, run_args, says):
     root, argv, fake = grid
     assert rm.main(argv + ["--tasks", "Hopper", "--seeds", "2", "--run-args", run_args]) == 2
