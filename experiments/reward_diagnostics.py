@@ -366,9 +366,10 @@ def label_report(rm_run: PreferenceRun, rm_state: dict, seed: int = 0) -> dict:
 
 
 def feature_list(text: str) -> tuple[int, ...]:
-    """``--obs-features``' value: comma-separated feature indices, each at least 0."""
+    """``--obs-features``' value: comma-separated feature indices, each at least 0, in the order given;
+    a repeated index gives one column."""
     try:
-        out = tuple(int(x) for x in text.split(","))
+        out = tuple(dict.fromkeys(int(x) for x in text.split(",")))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected indices separated by commas, such as 0,1,8; got {text!r}") from None
     if any(i < 0 for i in out):

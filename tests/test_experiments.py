@@ -397,9 +397,9 @@ def test_reward_diagnostics_obs_features_describe_each_policys_states(cartpole_r
     np.testing.assert_allclose(row["obs_std"], obs.std(axis=0), rtol=1e-6)
     assert row["obs_std"][2] > 0  # the pole's angle moves: the column reads the steps, not a constant
     assert reward_diagnostics.main([str(cartpole_run), "--rm", str(cartpole_run), "--steps", "60", "--seed", "2",
-                                    "--obs-features", "2,0"]) == 0
+                                    "--obs-features", "2,0,2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split()[-2:] == ["obs[2]", "obs[0]"]
+    assert lines[1].split()[-3:] == ["spread", "obs[2]", "obs[0]"]  # a repeated index is one column
     greedy = lines[3].split()
     assert greedy[1] == "greedy"
     mean, std = greedy[-2].split("±")
