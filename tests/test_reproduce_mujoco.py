@@ -137,6 +137,22 @@ def test_unknown_task_is_a_clear_error(grid, capsys):
     assert fake.calls == []
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--tasks", "Hopper", "hopper"], "--tasks names a task twice"),  # one task in two spellings
+    (["--labels", "0"], "--labels must be positive"),
+    (["--seed-list", "1", "1"], "non-negative and distinct"),
+    (["--seed-list", "-1"], "non-negative and distinct"),
+    (["--seeds", "0"], "non-negative and distinct"),
+    (["--steps", "0"], "--steps must be positive"),
+    (["--jobs", "0"], "--jobs must be at least 1")])
+def test_flags_that_make_no_grid_are_refused_in_one_line_before_any_run(grid, capsys, flags, says):
+    root, argv, fake = grid
+    assert rm.main(argv + ["--tasks", "Hopper", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+    assert fake.calls == [] and not root.exists()
+
+
 def test_finished_run_is_skipped_started_run_resumed_missing_run_started(grid, capsys):
     root, argv, fake = grid
     write_run(root, "Hopper", 700, 0, finished=True)
